@@ -1,0 +1,44 @@
+"""Pure routing-policy core: no Ray import anywhere below this package.
+
+The simulator (``ray_geolb.sim``) and the Ray Serve adapters (``ray_geolb.serve``) drive these same
+objects, so a simulated result is a result about the shipped code.
+"""
+
+from .availability import LoadTracker, ReplicaStats
+from .base import Decision, Policy, RouteRequest
+from .canonical import PromptFormatError, canonical_text
+from .config import (
+    AvailabilityConfig,
+    PolicyConfig,
+    PrefixIndexConfig,
+    UnknownPolicyError,
+    build_policy,
+    parse_policy_config,
+    policy_names,
+)
+from .hash_ring import HashRing
+from .prefix_index import PrefixIndex
+from .two_layer import PeerState, RegionDecision, RegionRouter, TwoLayerConfig
+
+__all__ = [
+    "AvailabilityConfig",
+    "Decision",
+    "HashRing",
+    "LoadTracker",
+    "PeerState",
+    "Policy",
+    "PolicyConfig",
+    "PrefixIndex",
+    "PrefixIndexConfig",
+    "PromptFormatError",
+    "RegionDecision",
+    "RegionRouter",
+    "ReplicaStats",
+    "RouteRequest",
+    "TwoLayerConfig",
+    "UnknownPolicyError",
+    "build_policy",
+    "canonical_text",
+    "parse_policy_config",
+    "policy_names",
+]

@@ -1,0 +1,57 @@
+"""SkyLB (§3.2-3.3, Algorithm 1): selective pushing by pending requests + the longest match in an
+approximate prefix tree, among available replicas only.
+
+Ties (and requests that match nowhere) go to the available replica with the fewest outstanding
+requests. ``min_match_chars`` (0 = the paper's behaviour) ignores matches shorter than that, so a
+shared system prompt alone does not pile every request onto one replica.
+"""
+
+from typing import Literal
+
+from pydantic import Field
+
+from ..base import Decision, Policy, least_loaded, register
+from ..config import PolicyConfig, PrefixIndexConfig
+
+
+class PrefixPolicy(Policy):
+    """Base for policies that keep an approximate prefix index over their targets."""
+
+    def __init__(self, config=None, targets=(), clock=None, **kw):
+        self._clock = clock
+        super().__init__(config, targets=targets, **kw)
+
+    def _targets_changed(self):
+        if not hasattr(self, "index"):
+            self.index = self.config.prefix.build(self._clock)
+
+    def prepared(self, req):
+        key = ("prefix", id(self.index))
+        p = req.cache.get(key)
+        if p is None:
+            p = req.cache[key] = self.index.prepare(req.text)
+        return p
+
+    def _record(self, req, target, now):
+        self.index.insert(self.prepared(req), target, now)
+
+    def _forget(self, target):
+        self.index.remove_target(target)
+
+
+@register
+class SkyLB(PrefixPolicy):
+    name = "skylb"
+    default_availability = "sp-p"
+
+    class Config(PolicyConfig):
+        name: Literal["skylb"] = "skylb"
+        prefix: PrefixIndexConfig = PrefixIndexConfig()
+        min_match_chars: int = Field(0, ge=0)
+
+    def _pick(self, req, eligible, now):
+        best, matched = self.index.longest(self.prepared(req), eligible)
+        if matched < max(1, self.config.min_match_chars):
+            return Decision(least_loaded(eligible, self.tracker, self.rng), 0, "no_match")
+        t = best[0] if len(best) == 1 else least_loaded(best, self.tracker, self.rng)
+        return Decision(t, matched, "prefix")

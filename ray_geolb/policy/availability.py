@@ -1,0 +1,252 @@
+"""Which targets may be sent a request now: blind pushing, SP-O and SP-P (SkyLB §3.3).
+
+Two sources of truth are combined per target:
+
+* **replica stats** (:class:`ReplicaStats`): what the engine reported — waiting (pending) and running
+  requests, KV-cache usage — with the time it was measured. They reach the router late
+  (Ray Serve polls them every ``request_routing_stats_period_s``; measured lag 0.3-0.6 s).
+* **the router's own in-flight accounting**: counted at dispatch, uncounted on completion, cancel
+  or error, and never reset by a stats refresh.
+
+Modes:
+
+* ``bp`` — blind pushing: every target is always available.
+* ``sp-o`` — selective pushing by outstanding requests: available while the router's in-flight count
+  is below ``max_outstanding``.
+* ``sp-p`` — selective pushing by pending requests (SkyLB): available only if the engine has nothing
+  waiting. Naively that herds: between two stats refreshes every new request would see the same
+  "empty" replica. So a report grants *credits*, an estimate of how many more requests the engine
+  can admit without queueing — ``min(max_num_seqs - running, free KV tokens / tokens per request,
+  max_burst)``, or ``unknown_headroom`` if the report has no capacity fields, and 0 if anything is
+  waiting. Requests dispatched after the report was measured spend credits; requests the report
+  already counted that complete afterwards give them back (once the reported waiting queue is
+  drained). A target whose credits are spent is unavailable until the next report, however idle it
+  looked: "a replica that was just sent work is no longer known to be empty".
+
+Everything is O(1) per event and the set of available targets is maintained incrementally, so a
+routing decision never scans all targets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Hashable, Iterable, Optional, Set
+
+__all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES"]
+
+AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
+
+
+@dataclass
+class ReplicaStats:
+    """One engine report. ``timestamp`` is when it was measured, on the router's clock."""
+
+    num_waiting: int = 0
+    num_running: int = 0
+    kv_cache_usage: Optional[float] = None
+    timestamp: float = 0.0
+    max_num_seqs: Optional[int] = None
+    num_gpu_blocks: Optional[int] = None
+    block_tokens: Optional[int] = None
+
+    _ALIASES = {
+        "num_waiting": ("num_waiting", "num_waiting_reqs", "waiting", "pending"),
+        "num_running": ("num_running", "num_running_reqs", "running"),
+        "kv_cache_usage": ("kv_cache_usage", "kv_usage", "gpu_cache_usage"),
+        "timestamp": ("timestamp", "ts"),
+        "max_num_seqs": ("max_num_seqs",),
+        "num_gpu_blocks": ("num_gpu_blocks",),
+        "block_tokens": ("block_tokens", "block_size"),
+    }
+
+    @classmethod
+    def from_dict(cls, d: dict, default_timestamp: float = 0.0) -> "ReplicaStats":
+        """Parse a stats dict as vLLM (SchedulerStats names) or our emulated engine reports it."""
+        if not isinstance(d, dict):
+            raise TypeError(f"replica stats must be a dict, got {type(d).__name__}")
+        vals = {}
+        for field, names in cls._ALIASES.items():
+            for n in names:
+                if d.get(n) is not None:
+                    vals[field] = d[n]
+                    break
+        s = cls(
+            num_waiting=int(vals.get("num_waiting", 0)),
+            num_running=int(vals.get("num_running", 0)),
+            kv_cache_usage=None if vals.get("kv_cache_usage") is None else float(vals["kv_cache_usage"]),
+            timestamp=float(vals.get("timestamp", default_timestamp)),
+            max_num_seqs=None if vals.get("max_num_seqs") is None else int(vals["max_num_seqs"]),
+            num_gpu_blocks=None if vals.get("num_gpu_blocks") is None else int(vals["num_gpu_blocks"]),
+            block_tokens=None if vals.get("block_tokens") is None else int(vals["block_tokens"]),
+        )
+        if s.num_waiting < 0 or s.num_running < 0:
+            raise ValueError(f"replica stats have negative counts: {d!r}")
+        return s
+
+
+class _Target:
+    __slots__ = ("inflight", "stats", "unseen", "completed_seen", "credits", "tokens_inflight")
+
+    def __init__(self):
+        self.inflight: Dict[Hashable, float] = {}  # request id -> dispatch time
+        self.stats: Optional[ReplicaStats] = None
+        self.unseen = 0  # in flight, dispatched after stats.timestamp
+        self.completed_seen = 0  # completed since the report, and counted by it
+        self.credits = 0
+        self.tokens_inflight = 0
+
+
+class LoadTracker:
+    """Per-target load and availability; see the module docstring."""
+
+    def __init__(
+        self,
+        mode: str = "sp-p",
+        max_outstanding: int = 8,
+        unknown_headroom: int = 1,
+        max_burst: int = 4,
+        request_tokens: int = 1024,
+    ):
+        if mode not in AVAILABILITY_MODES:
+            raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
+        for name, v in (("max_outstanding", max_outstanding), ("unknown_headroom", unknown_headroom),
+                        ("max_burst", max_burst), ("request_tokens", request_tokens)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        self.mode = mode
+        self.max_outstanding = max_outstanding
+        self.unknown_headroom = unknown_headroom
+        self.max_burst = max_burst
+        self.request_tokens = request_tokens
+        self._t: Dict[Hashable, _Target] = {}
+        self.available: Set[Hashable] = set()
+        self._req_target: Dict[Hashable, Hashable] = {}
+
+    # ------------------------------------------------------------ membership
+    def add_target(self, target: Hashable) -> None:
+        if target not in self._t:
+            st = _Target()
+            self._t[target] = st
+            st.credits = self.unknown_headroom
+            self._refresh(target, st)
+
+    def remove_target(self, target: Hashable) -> None:
+        st = self._t.pop(target, None)
+        self.available.discard(target)
+        if st is not None:
+            for rid in st.inflight:
+                self._req_target.pop(rid, None)
+
+    def set_targets(self, targets: Iterable[Hashable]) -> None:
+        want = set(targets)
+        for t in list(self._t):
+            if t not in want:
+                self.remove_target(t)
+        for t in want:
+            self.add_target(t)
+
+    @property
+    def targets(self):
+        return self._t.keys()
+
+    # ------------------------------------------------------------ events
+    def on_stats(self, target: Hashable, stats: ReplicaStats) -> None:
+        st = self._t.get(target)
+        if st is None:
+            self.add_target(target)
+            st = self._t[target]
+        if st.stats is not None and stats.timestamp < st.stats.timestamp:
+            return  # an older report arrived late: keep the newer one
+        st.stats = stats
+        ts = stats.timestamp
+        st.unseen = sum(1 for t in st.inflight.values() if t > ts)
+        st.completed_seen = 0
+        st.credits = self._headroom(stats)
+        self._refresh(target, st)
+
+    def _headroom(self, s: ReplicaStats) -> int:
+        if s.num_waiting > 0:
+            return 0
+        known = False
+        room = self.max_burst
+        if s.max_num_seqs is not None:
+            room = min(room, max(0, s.max_num_seqs - s.num_running))
+            known = True
+        if s.kv_cache_usage is not None and s.num_gpu_blocks and s.block_tokens:
+            free_tokens = (1.0 - s.kv_cache_usage) * s.num_gpu_blocks * s.block_tokens
+            room = min(room, int(free_tokens // self.request_tokens))
+            known = True
+        return room if known else min(self.unknown_headroom, self.max_burst)
+
+    def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0) -> None:
+        st = self._t.get(target)
+        if st is None:
+            self.add_target(target)
+            st = self._t[target]
+        if request_id in st.inflight:
+            return  # counted once, however often the caller reports it
+        st.inflight[request_id] = now
+        st.tokens_inflight += tokens
+        self._req_target[request_id] = target
+        if st.stats is None or now > st.stats.timestamp:
+            st.unseen += 1
+        self._refresh(target, st)
+
+    def on_complete(self, request_id: Hashable, target: Hashable = None, tokens: int = 0) -> bool:
+        """Uncount a request (completion, cancel or error). Returns False if it was not in flight."""
+        if target is None:
+            target = self._req_target.get(request_id)
+        st = self._t.get(target)
+        if st is None:
+            self._req_target.pop(request_id, None)
+            return False
+        t = st.inflight.pop(request_id, None)
+        self._req_target.pop(request_id, None)
+        if t is None:
+            return False
+        st.tokens_inflight = max(0, st.tokens_inflight - tokens)
+        if st.stats is None or t > st.stats.timestamp:
+            st.unseen = max(0, st.unseen - 1)
+        else:
+            st.completed_seen += 1
+        self._refresh(target, st)
+        return True
+
+    # ------------------------------------------------------------ queries
+    def _refresh(self, target: Hashable, st: _Target) -> None:
+        if self._is_available(st):
+            self.available.add(target)
+        else:
+            self.available.discard(target)
+
+    def _is_available(self, st: _Target) -> bool:
+        mode = self.mode
+        if mode == "bp":
+            return True
+        if mode == "sp-o":
+            return len(st.inflight) < self.max_outstanding
+        waiting = st.stats.num_waiting if st.stats is not None else 0
+        freed = max(0, st.completed_seen - waiting)
+        return st.credits + freed - st.unseen > 0
+
+    def is_available(self, target: Hashable) -> bool:
+        return target in self.available
+
+    def outstanding(self, target: Hashable) -> int:
+        st = self._t.get(target)
+        return len(st.inflight) if st is not None else 0
+
+    def stats(self, target: Hashable) -> Optional[ReplicaStats]:
+        st = self._t.get(target)
+        return st.stats if st is not None else None
+
+    def unseen(self, target: Hashable) -> int:
+        st = self._t.get(target)
+        return st.unseen if st is not None else 0
+
+    def tokens_inflight(self, target: Hashable) -> int:
+        st = self._t.get(target)
+        return st.tokens_inflight if st is not None else 0
+
+    def total_outstanding(self) -> int:
+        return sum(len(st.inflight) for st in self._t.values())

@@ -1,0 +1,112 @@
+"""Pydantic configuration for every policy, and ``build_policy``.
+
+Each algorithm declares ``Config`` (a subclass of :class:`PolicyConfig` whose ``name`` is a literal).
+Invalid values raise a pydantic ``ValidationError`` naming the field (e.g. ``prefix.block_chars``);
+an unknown policy name raises :class:`UnknownPolicyError` listing the known ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Iterable, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .prefix_index import PrefixIndex
+
+__all__ = [
+    "AvailabilityConfig",
+    "PrefixIndexConfig",
+    "PolicyConfig",
+    "UnknownPolicyError",
+    "config_for",
+    "parse_policy_config",
+    "build_policy",
+    "policy_names",
+    "ValidationError",
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AvailabilityConfig(_Strict):
+    """Selective pushing (see ``availability.py``). ``mode=None`` means the algorithm's own default."""
+
+    mode: Optional[Literal["bp", "sp-o", "sp-p"]] = None
+    max_outstanding: int = Field(8, ge=1, description="SP-O: cap on router-side in-flight requests per replica")
+    unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report has no capacity fields")
+    max_burst: int = Field(4, ge=1, description="SP-P: most requests sent to one replica between two reports")
+    request_tokens: int = Field(1024, ge=1, description="SP-P: KV tokens assumed per new request when turning free KV into headroom")
+
+
+class PrefixIndexConfig(_Strict):
+    block_chars: int = Field(64, ge=1, description="first block size (bytes of canonical text)")
+    growth: float = Field(0.125, ge=0.0, le=1.0, description="later blocks are this fraction of their offset (0: fixed blocks)")
+    max_nodes: Optional[int] = Field(200_000, ge=1, description="global node budget (None: no node bound)")
+    max_chars: Optional[int] = Field(None, ge=1, description="global budget of stored characters summed over targets")
+    store_text: bool = Field(False, description="keep raw block text (debugging); False keeps hashes only")
+
+    def build(self, clock: Callable[[], float] = None) -> PrefixIndex:
+        kw = {} if clock is None else {"clock": clock}
+        return PrefixIndex(self.block_chars, self.growth, self.max_nodes, self.max_chars, self.store_text, **kw)
+
+
+class PolicyConfig(_Strict):
+    name: str
+    seed: int = Field(0, description="seed of the policy's tie-breaking random generator")
+    availability: AvailabilityConfig = AvailabilityConfig()
+
+
+class UnknownPolicyError(ValueError):
+    pass
+
+
+def _registry() -> Dict[str, type]:
+    from . import algorithms  # noqa: F401  (registers every algorithm)
+    from .base import POLICIES
+
+    return POLICIES
+
+
+def policy_names():
+    return sorted(_registry())
+
+
+def _policy_class(name: Any) -> type:
+    reg = _registry()
+    if not isinstance(name, str) or name not in reg:
+        raise UnknownPolicyError(f"policy.name: unknown policy {name!r}; known policies: {', '.join(sorted(reg))}")
+    return reg[name]
+
+
+def parse_policy_config(spec: Any) -> PolicyConfig:
+    """A config from a name, a dict (with 'name') or a config object."""
+    if isinstance(spec, PolicyConfig):
+        _policy_class(spec.name)
+        return spec
+    if isinstance(spec, str):
+        return _policy_class(spec).Config()
+    if isinstance(spec, dict):
+        if "name" not in spec:
+            raise UnknownPolicyError("policy.name: missing; a policy config needs a 'name'")
+        return _policy_class(spec["name"]).Config.model_validate(spec)
+    raise TypeError(f"policy config must be a name, a dict or a PolicyConfig, got {type(spec).__name__}")
+
+
+def config_for(name: str, cfg: Any) -> PolicyConfig:
+    cls = _policy_class(name)
+    if cfg is None:
+        return cls.Config()
+    if isinstance(cfg, dict):
+        cfg = {"name": name, **cfg}
+    cfg = parse_policy_config(cfg)
+    if cfg.name != name:
+        raise UnknownPolicyError(f"policy.name: config is for {cfg.name!r}, not {name!r}")
+    return cfg
+
+
+def build_policy(spec: Any, targets: Iterable = (), **kw):
+    """Build a policy from a name, a dict or a config: ``build_policy("skylb", targets=[...])``."""
+    cfg = parse_policy_config(spec)
+    return _policy_class(cfg.name)(cfg, targets=targets, **kw)
