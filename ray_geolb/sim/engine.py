@@ -1,0 +1,505 @@
+"""A calibrated state-machine model of one vLLM (v1) replica: the emulated GPU.
+
+Pure state machine with an explicit ``now`` (seconds) argument: no sleeping, no threads.
+The same object is driven in virtual time by the discrete-event simulator and in
+(scaled) wall-clock time by :class:`ray_geolb.sim.driver.AsyncEngineDriver`.
+
+Scheduling (one ``step(now)`` = one continuous-batching iteration, as vLLM v1):
+
+1. Requests whose fixed TTFT overhead has elapsed move from *pending* to the FCFS
+   *waiting* queue (see "TTFT overhead" below).
+2. Running requests first, in admission order: each gets ``min(remaining, token budget)``
+   new tokens (1 for a decode, a chunk for an unfinished prefill).  If its KV blocks do
+   not suffice and no free block exists, the most recently admitted running request is
+   preempted by *recompute* (blocks freed, ``num_computed`` reset, put at the FRONT of
+   the waiting queue; its already generated tokens are kept and recomputed on resume).
+3. Only if nothing was preempted this step: admit from the head of the waiting queue
+   while ``len(running) < max_num_seqs``, token budget remains and KV blocks suffice.
+   Prefix caching: the longest run of leading ``block_hashes`` present in the cache
+   (held by running requests or unreferenced in the LRU free list) is reused and not
+   prefilled (capped, like vLLM, so that at least the last prompt token is computed).
+   With chunked prefill a prompt longer than the remaining budget is split across steps.
+4. After the step a request whose computed tokens reach its current length samples one
+   token (first token for a fresh prefill, one decode token otherwise); a request that
+   has produced ``output_tokens`` tokens finishes and frees its blocks.
+
+KV cache (block granular, O(1) per block op):
+  * ``_num_free``: empty blocks; ``_cached``: hash -> refcount of blocks registered in
+    the prefix cache; ``_lru``: ordered dict of cached blocks with refcount 0 (evictable,
+    oldest first).  Used blocks = total - empty - evictable.
+  * New blocks come from empty blocks first, then by evicting the LRU cached block.
+    (vLLM has a single free queue, so it may evict a cached block while an empty one
+    sits further back; preferring empty blocks keeps slightly more cache.)
+  * A full prompt block gets registered under its hash once computed; if that hash is
+    already cached (the last prompt block is always recomputed, or two requests prefilled
+    the same prefix concurrently) the request shares the cached block and its own copy is
+    freed.  Decode blocks are never cached (their tokens are not known).
+  * Blocks of a finished/preempted request are released tail-first so that the tail of
+    a prefix is evicted before its head.
+
+TTFT overhead: ``add_request(req, now)`` puts the request in a *pending* heap with ready
+time ``now + ttft_overhead_s``; it becomes schedulable at the first ``step`` whose ``now``
+is >= its ready time.  So at batch size 1 TTFT = overhead + prefill step time(s), and a
+first token can never be produced before ``arrival + overhead``.  Pending requests are
+NOT counted in ``num_waiting`` (a real vLLM replica does not count requests still in the
+API server / tokeniser either); a router sees them through its own in-flight count.
+Callers should call ``step`` no earlier than :meth:`next_ready_time`.
+
+Timing convention: ``step(now)`` applies the whole iteration immediately and returns its
+``duration``; its tokens are *produced* at ``now + duration`` and the caller must not call
+``step`` again before then.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
+from heapq import heappop, heappush
+from typing import Optional, Sequence
+
+from .profiles import EngineProfile, get_profile
+
+__all__ = ["EngineConfig", "EngineRequest", "EngineModel", "StepOutput"]
+
+_PENDING, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    num_gpu_blocks: int
+    block_tokens: int
+    max_model_len: int
+    ttft_overhead_s: float
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+
+    @classmethod
+    def from_profile(cls, profile: EngineProfile, **overrides) -> "EngineConfig":
+        cfg = cls(
+            max_num_seqs=profile.max_num_seqs,
+            max_num_batched_tokens=profile.max_num_batched_tokens,
+            num_gpu_blocks=profile.num_gpu_blocks,
+            block_tokens=profile.block_tokens,
+            max_model_len=profile.max_model_len,
+            ttft_overhead_s=profile.ttft_overhead_s,
+        )
+        return replace(cfg, **overrides) if overrides else cfg
+
+    def __post_init__(self) -> None:
+        for f in ("max_num_seqs", "max_num_batched_tokens", "num_gpu_blocks",
+                  "block_tokens", "max_model_len"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"EngineConfig.{f} must be an int >= 1, got {v!r}")
+        if self.ttft_overhead_s < 0:
+            raise ValueError(f"EngineConfig.ttft_overhead_s must be >= 0, got {self.ttft_overhead_s!r}")
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    request_id: str
+    prompt_tokens: int
+    output_tokens: int
+    block_hashes: Sequence[int] = ()
+
+
+@dataclass
+class StepOutput:
+    duration: float
+    first_tokens: list = field(default_factory=list)
+    tokens: list = field(default_factory=list)  # ids that produced one token this step
+    finished: list = field(default_factory=list)
+    preempted: list = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_seqs: int = 0
+
+
+class _Seq:
+    __slots__ = ("id", "prompt", "max_out", "hashes", "num_tokens", "num_computed",
+                 "num_output", "num_blocks", "hashed", "next_hash", "sched", "status",
+                 "arrival", "ready", "resumed")
+
+    def __init__(self, rid: str, prompt: int, max_out: int, hashes: list, arrival: float,
+                 ready: float) -> None:
+        self.id = rid
+        self.prompt = prompt
+        self.max_out = max_out
+        self.hashes = hashes
+        self.num_tokens = prompt  # prompt + generated tokens so far
+        self.num_computed = 0  # tokens whose KV is computed
+        self.num_output = 0
+        self.num_blocks = 0  # blocks held (cached + anonymous)
+        self.hashed: list = []  # hashes of held blocks registered in the prefix cache
+        self.next_hash = 0  # index of the next prompt block to register
+        self.sched = 0
+        self.status = _PENDING
+        self.arrival = arrival
+        self.ready = ready
+        self.resumed = False
+
+
+class EngineModel:
+    def __init__(self, profile: EngineProfile | str, config: Optional[EngineConfig] = None):
+        if isinstance(profile, str):
+            profile = get_profile(profile)
+        self.profile = profile
+        self.config = config if config is not None else EngineConfig.from_profile(profile)
+        c = self.config
+        self._B = c.block_tokens
+        self._max_seqs = c.max_num_seqs
+        self._max_tokens = c.max_num_batched_tokens
+        self._caching = c.enable_prefix_caching
+        self._chunked = c.enable_chunked_prefill
+        self._overhead = c.ttft_overhead_s
+        self._total_blocks = c.num_gpu_blocks
+        self._base = profile.step_base_s
+        self._p_pre = profile.prefill_per_token_s
+        self._p_dec = profile.decode_per_seq_s
+        self._p_ctx = profile.attn_per_ctx_token_s
+
+        self._num_free = c.num_gpu_blocks
+        self._cached: dict = {}
+        self._lru: OrderedDict = OrderedDict()
+        self._reqs: dict = {}
+        self._pending: list = []  # heap of (ready, seqno, _Seq)
+        self._seqno = 0
+        self._waiting: deque = deque()
+        self._running: list = []
+        self._now = 0.0
+        # cumulative counters
+        self._q_tokens = 0
+        self._hit_tokens = 0
+        self._num_preempted = 0
+        self._num_finished = 0
+        self._num_steps = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, req: EngineRequest, now: float) -> None:
+        rid = req.request_id
+        p, o = req.prompt_tokens, req.output_tokens
+        if not isinstance(p, int) or isinstance(p, bool) or p < 1:
+            raise ValueError(f"request {rid!r}: prompt_tokens must be an int >= 1, got {p!r}")
+        if not isinstance(o, int) or isinstance(o, bool) or o < 1:
+            raise ValueError(f"request {rid!r}: output_tokens must be an int >= 1, got {o!r}")
+        if rid in self._reqs:
+            raise ValueError(f"duplicate request id {rid!r}: already in this engine")
+        if p + o > self.config.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt_tokens + output_tokens = {p + o} exceeds "
+                f"max_model_len {self.config.max_model_len}")
+        B = self._B
+        # the last sampled token is never fed back, so p + o - 1 tokens need KV
+        need = (p + o - 1 + B - 1) // B
+        if need > self._total_blocks:
+            raise ValueError(
+                f"request {rid!r} can never fit in the KV cache: needs {need} blocks of {B} "
+                f"tokens for {p} prompt + {o} output tokens, cache has {self._total_blocks}")
+        hashes = list(req.block_hashes[: p // B]) if self._caching else []
+        ready = now + self._overhead
+        s = _Seq(rid, p, o, hashes, now, ready)
+        self._reqs[rid] = s
+        if self._overhead <= 0.0:
+            s.status = _WAITING
+            self._waiting.append(s)
+        else:
+            self._seqno += 1
+            heappush(self._pending, (ready, self._seqno, s))
+
+    def abort(self, request_id: str, now: Optional[float] = None) -> bool:
+        """Remove a request wherever it is and free its blocks. Returns False if unknown."""
+        s = self._reqs.pop(request_id, None)
+        if s is None:
+            return False
+        st = s.status
+        s.status = _DONE
+        if st == _RUNNING:
+            self._running.remove(s)
+            self._free(s)
+        elif st == _WAITING:
+            self._waiting.remove(s)
+        # pending: lazily dropped from the heap (status is _DONE)
+        return True
+
+    # ------------------------------------------------------------------ KV blocks
+    def _alloc(self, s: _Seq, n: int) -> bool:
+        if n <= self._num_free:
+            self._num_free -= n
+            s.num_blocks += n
+            return True
+        lru = self._lru
+        if n > self._num_free + len(lru):
+            return False
+        k = n - self._num_free
+        self._num_free = 0
+        cached = self._cached
+        pop = lru.popitem
+        for _ in range(k):
+            h, _v = pop(last=False)
+            del cached[h]
+        s.num_blocks += n
+        return True
+
+    def _free(self, s: _Seq) -> None:
+        hashed = s.hashed
+        self._num_free += s.num_blocks - len(hashed)
+        if hashed:
+            cached = self._cached
+            lru = self._lru
+            for h in reversed(hashed):
+                c = cached[h] - 1
+                cached[h] = c
+                if c == 0:
+                    lru[h] = None
+            s.hashed = []
+        s.num_blocks = 0
+
+    def _preempt(self, s: _Seq) -> None:
+        self._free(s)
+        s.num_computed = 0
+        s.next_hash = 0
+        s.status = _WAITING
+        s.resumed = True
+        self._waiting.appendleft(s)
+        self._num_preempted += 1
+
+    # ------------------------------------------------------------------ stepping
+    def has_work(self) -> bool:
+        """True while any request is pending, waiting or running."""
+        return bool(self._running or self._waiting or self._reqs)
+
+    def next_ready_time(self) -> Optional[float]:
+        """Earliest ``now`` at which ``step`` can make progress (None if no work)."""
+        if self._running or self._waiting:
+            return self._now
+        pend = self._pending
+        while pend and pend[0][2].status != _PENDING:
+            heappop(pend)
+        return pend[0][0] if pend else None
+
+    def step(self, now: float) -> StepOutput:
+        self._now = now
+        pend = self._pending
+        waiting = self._waiting
+        if pend and pend[0][0] <= now:
+            while pend and pend[0][0] <= now:
+                s = heappop(pend)[2]
+                if s.status == _PENDING:
+                    s.status = _WAITING
+                    waiting.append(s)
+        running = self._running
+        if not running and not waiting:
+            return StepOutput(0.0)
+
+        B = self._B
+        budget = self._max_tokens
+        scheduled = []
+        preempted = []
+
+        # 1) running requests
+        i = 0
+        while i < len(running) and budget > 0:
+            s = running[i]
+            n = s.num_tokens - s.num_computed
+            if n > budget:
+                n = budget
+            need = (s.num_computed + n + B - 1) // B - s.num_blocks
+            if need > 0 and not self._alloc(s, need):
+                ok = False
+                while running:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim.id)
+                    if victim is s:
+                        break
+                    if self._alloc(s, need):
+                        ok = True
+                        break
+                if not ok:
+                    break
+            s.sched = n
+            budget -= n
+            scheduled.append(s)
+            i += 1
+
+        # 2) admissions (FCFS), only if nothing was preempted this step
+        if not preempted:
+            max_seqs = self._max_seqs
+            cached = self._cached
+            lru = self._lru
+            while waiting and budget > 0 and len(running) < max_seqs:
+                s = waiting[0]
+                hits = 0
+                in_lru = 0
+                hs = s.hashes
+                if hs:
+                    lim = (s.num_tokens - 1) // B
+                    if lim > len(hs):
+                        lim = len(hs)
+                    while hits < lim:
+                        c = cached.get(hs[hits])
+                        if c is None:
+                            break
+                        if c == 0:
+                            in_lru += 1
+                        hits += 1
+                computed = hits * B
+                n = s.num_tokens - computed
+                if n > budget:
+                    if not self._chunked:
+                        break
+                    n = budget
+                need = (computed + n + B - 1) // B - hits
+                if need > self._num_free + len(lru) - in_lru:
+                    break
+                waiting.popleft()
+                if hits:
+                    hit_hashes = hs[:hits]
+                    for h in hit_hashes:
+                        c = cached[h]
+                        if c == 0:
+                            del lru[h]
+                        cached[h] = c + 1
+                    s.hashed = hit_hashes
+                    s.num_blocks = hits
+                s.next_hash = hits
+                s.num_computed = computed
+                if need > 0:
+                    self._alloc(s, need)  # cannot fail: checked above
+                if not s.resumed:
+                    self._q_tokens += s.prompt
+                    self._hit_tokens += computed
+                s.status = _RUNNING
+                running.append(s)
+                s.sched = n
+                budget -= n
+                scheduled.append(s)
+
+        if not scheduled:
+            return StepOutput(0.0, preempted=preempted)
+
+        # 3) apply the iteration
+        prefill = 0
+        decodes = 0
+        ctx = 0
+        first = []
+        tokens = []
+        finished = []
+        caching = self._caching
+        cached = self._cached
+        for s in scheduled:
+            n = s.sched
+            c = s.num_computed + n
+            ctx += c
+            nt = s.num_tokens
+            if n == 1 and s.num_output and c == nt:
+                decodes += 1
+            else:
+                prefill += n
+            s.num_computed = c
+            if caching:
+                nh = s.next_hash
+                hs = s.hashes
+                if nh < len(hs):
+                    upto = c // B
+                    if upto > len(hs):
+                        upto = len(hs)
+                    if upto > nh:
+                        hashed = s.hashed
+                        for k in range(nh, upto):
+                            h = hs[k]
+                            rc = cached.get(h)
+                            if rc is None:
+                                cached[h] = 1
+                            else:
+                                # same content already cached (recomputed last block, or
+                                # computed concurrently): share it, free our copy
+                                if rc == 0:
+                                    del self._lru[h]
+                                cached[h] = rc + 1
+                                self._num_free += 1
+                            hashed.append(h)
+                        s.next_hash = upto
+            if c == nt:
+                s.num_tokens = nt + 1
+                o = s.num_output + 1
+                s.num_output = o
+                rid = s.id
+                tokens.append(rid)
+                if o == 1:
+                    first.append(rid)
+                if o >= s.max_out:
+                    finished.append(rid)
+                    s.status = _DONE
+                    self._free(s)
+                    del self._reqs[rid]
+        if finished:
+            self._running = [s for s in running if s.status == _RUNNING]
+            self._num_finished += len(finished)
+        self._num_steps += 1
+        dur = self._base + self._p_pre * prefill + self._p_dec * decodes + self._p_ctx * ctx
+        return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes)
+
+    # ------------------------------------------------------------------ observability
+    def cached_prefix_tokens(self, block_hashes: Sequence[int]) -> int:
+        """Leading prompt tokens whose blocks are in this engine's prefix cache now."""
+        if not self._caching:
+            return 0
+        cached = self._cached
+        n = 0
+        for h in block_hashes:
+            if h not in cached:
+                break
+            n += 1
+        return n * self._B
+
+    def stats(self) -> dict:
+        """What a vLLM replica exposes through its SchedulerStats."""
+        used = self._total_blocks - self._num_free - len(self._lru)
+        return {
+            "num_waiting": len(self._waiting),
+            "num_running": len(self._running),
+            "kv_cache_usage": used / self._total_blocks,
+            "prefix_cache_queries": self._q_tokens,
+            "prefix_cache_hits": self._hit_tokens,
+            "num_preempted": self._num_preempted,
+            "num_gpu_blocks": self._total_blocks,
+            "max_num_seqs": self._max_seqs,
+            "block_tokens": self._B,
+        }
+
+    @property
+    def num_pending(self) -> int:
+        """Requests still inside their fixed TTFT overhead (not yet schedulable)."""
+        return sum(1 for s in self._reqs.values() if s.status == _PENDING)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._reqs)
+
+    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        return self.profile.step_time(prefill_tokens, decode_seqs, context_tokens)
+
+    def _check_invariants(self) -> None:
+        """Block accounting (O(#blocks); for tests only)."""
+        total = self._total_blocks
+        assert 0 <= self._num_free <= total, self._num_free
+        anon = 0
+        refs: dict = {}
+        for s in self._running:
+            assert s.status == _RUNNING
+            assert len(s.hashed) <= s.num_blocks
+            assert s.num_blocks * self._B >= s.num_computed
+            anon += s.num_blocks - len(s.hashed)
+            for h in s.hashed:
+                refs[h] = refs.get(h, 0) + 1
+        for s in self._waiting:
+            assert s.num_blocks == 0 and not s.hashed
+        for h, c in self._cached.items():
+            assert c == refs.get(h, 0), (h, c, refs.get(h, 0))
+            assert (c == 0) == (h in self._lru)
+        assert len(self._lru) <= len(self._cached)
+        assert self._num_free + len(self._cached) + anon == total, (
+            self._num_free, len(self._cached), anon, total)
+        assert len(self._running) <= self._max_seqs
