@@ -1,0 +1,120 @@
+"""Rebuild the small shipped fixtures from the full public data.
+
+Usage:  python -m ray_geolb.data.make_fixtures /path/to/shared/data   (or run this file directly)
+
+Deterministic: same inputs -> byte-identical outputs (gzip written with mtime=0, no file name).
+See SOURCES.md in this folder for what each fixture is and where the inputs come from.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import random
+import shutil
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent
+MAX_MSG_CHARS = 4000
+MAX_CONV_CHARS = 30000  # after truncation; keeps the fixtures small
+
+
+def _write_gz(path: Path, text: str) -> None:
+    buf = io.BytesIO()
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buf, mtime=0, compresslevel=9) as g:
+        g.write(text.encode("utf-8"))
+    path.write_bytes(buf.getvalue())
+
+
+def _jsonl(path: Path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def sharegpt(src: Path, n: int = 60) -> None:
+    rows = _jsonl(src / "sharegpt_sample" / "sharegpt_sample_1000.jsonl")
+    keep = []
+    for r in rows:
+        conv = r.get("conversations") or []
+        if not conv or conv[0]["from"] != "human" or not any(m["from"] == "gpt" for m in conv):
+            continue
+        msgs = [{"from": m["from"], "value": m["value"][:MAX_MSG_CHARS]} for m in conv]
+        if sum(len(m["value"]) for m in msgs) <= MAX_CONV_CHARS:
+            keep.append({"id": r["id"], "conversations": msgs})
+    keep.sort(key=lambda r: r["id"])
+    pick = sorted(random.Random(0).sample(keep, n), key=lambda r: r["id"])
+    _write_gz(OUT / "sharegpt_60.jsonl.gz", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pick))
+
+
+def wildchat(src: Path, per_region: int = 20) -> None:
+    from ray_geolb.sim.workloads.conversation import COUNTRY_REGION
+
+    rows = _jsonl(src / "wildchat_sample" / "wildchat_with_region.jsonl")
+    by_region = defaultdict(list)
+    for r in rows:
+        md = r.get("metadata") or {}
+        region = COUNTRY_REGION.get(md.get("country") or "")
+        if region is None:
+            continue
+        msgs = [{"role": m["role"], "content": m["content"][:MAX_MSG_CHARS]} for m in r["messages"]]
+        if sum(len(m["content"]) for m in msgs) > MAX_CONV_CHARS:
+            continue
+        meta = {k: md.get(k) for k in ("model", "timestamp", "turn_count", "language", "country", "state")}
+        by_region[region].append({"id": r["id"], "conversation_hash": r["conversation_hash"],
+                                  "messages": msgs, "metadata": meta})
+    pick = []
+    for region in ("us", "eu", "asia"):
+        pool = sorted(by_region[region], key=lambda r: r["id"])
+        pick += random.Random(f"0:{region}").sample(pool, min(per_region, len(pool)))
+    pick.sort(key=lambda r: r["id"])
+    _write_gz(OUT / "wildchat_60.jsonl.gz", "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in pick))
+
+
+def head_lines(src_file: Path, dst: Path, n: int) -> None:
+    with open(src_file, encoding="utf-8", newline="") as f:
+        lines = [line for _, line in zip(range(n), f)]
+    dst.write_text("".join(lines), encoding="utf-8", newline="")
+
+
+def servegen(src: Path, n_clients: int = 24, day_s: int = 86400) -> None:
+    path = src / "servegen" / "servegen_language_m-large_client_rates.csv"
+    volume: dict[int, float] = defaultdict(float)
+    rows: list[list[str]] = []
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        for row in reader:
+            if int(row[1]) < day_s:
+                rows.append(row)
+                volume[int(row[0])] += float(row[2]) * 600
+    top = set(sorted(volume, key=lambda c: (-volume[c], c))[:n_clients])
+    keep = sorted((r for r in rows if int(r[0]) in top), key=lambda r: (int(r[0]), int(r[1])))
+    _write_gz(OUT / "servegen_m-large_24clients_1day.csv.gz",
+              ",".join(header) + "\n" + "".join(",".join(r) + "\n" for r in keep))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        raise SystemExit("usage: make_fixtures.py SHARED_DATA_DIR")
+    src = Path(argv[0])
+    sharegpt(src)
+    wildchat(src)
+    head_lines(src / "gsm8k" / "test.jsonl", OUT / "gsm8k_test_300.jsonl", 300)
+    head_lines(src / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv", OUT / "azure_code_2000.csv", 2001)
+    head_lines(src / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv", OUT / "azure_conv_2000.csv", 2001)
+    servegen(src)
+    shutil.copyfile(src / "region_latency" / "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv",
+                    OUT / "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv")
+    for p in sorted(OUT.iterdir()):
+        if p.is_file() and p.suffix != ".py" and p.name != "SOURCES.md":
+            print(f"{p.name}\t{p.stat().st_size}")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(OUT.parents[1]))
+    main()
