@@ -32,14 +32,14 @@ class Call:
 
     @property
     def text(self) -> str:
-        """The request as one string, for text-level prefix indexes and length estimates.
+        """The request's canonical text (``ray_geolb.policy.canonical_text``, the one function the
+        router, simulator and ingress all use); a conversation turn's text is a prefix of the next
+        turn's text."""
+        from ray_geolb.policy.canonical import canonical_text
 
-        ``prompt`` as is; chat messages rendered as ``"<role>: <content>\\n"`` each, so a
-        conversation turn's text is a prefix of the next turn's text.
-        """
         if self.prompt is not None:
-            return self.prompt
-        return "".join(f"{m['role']}: {m['content']}\n" for m in self.messages or ())
+            return canonical_text(self.prompt)
+        return canonical_text({"messages": self.messages})
 
     @property
     def input_tokens(self) -> int:

@@ -1,0 +1,127 @@
+import pytest
+
+from ray_geolb.policy.availability import LoadTracker, ReplicaStats
+
+
+def stats(waiting=0, running=0, ts=0.0, **kw):
+    return ReplicaStats(num_waiting=waiting, num_running=running, timestamp=ts, **kw)
+
+
+def test_blind_pushing_is_always_available():
+    t = LoadTracker("bp")
+    t.set_targets(["a"])
+    t.on_stats("a", stats(waiting=50))
+    for i in range(10):
+        t.on_dispatch("a", i, now=1.0)
+    assert t.is_available("a") and t.outstanding("a") == 10
+
+
+def test_sp_o_caps_outstanding_and_uncounts_on_completion():
+    t = LoadTracker("sp-o", max_outstanding=2)
+    t.set_targets(["a"])
+    t.on_dispatch("a", "r1", 0.0)
+    assert t.is_available("a")
+    t.on_dispatch("a", "r2", 0.0)
+    assert not t.is_available("a")
+    t.on_stats("a", stats(ts=5.0))  # a refresh never resets in-flight accounting
+    assert t.outstanding("a") == 2 and not t.is_available("a")
+    assert t.on_complete("r1")
+    assert t.is_available("a")
+    assert not t.on_complete("r1")  # double completion is ignored
+    assert t.outstanding("a") == 1
+
+
+def test_sp_p_pending_rule():
+    t = LoadTracker("sp-p", max_burst=4)
+    t.set_targets(["a", "b"])
+    t.on_stats("a", stats(waiting=1, running=10, ts=1.0, max_num_seqs=256))
+    t.on_stats("b", stats(waiting=0, running=10, ts=1.0, max_num_seqs=256))
+    assert t.available == {"b"}
+
+
+def test_sp_p_does_not_herd_between_refreshes():
+    """After a report says 'empty', only the estimated headroom may be sent before the next report."""
+    t = LoadTracker("sp-p", max_burst=4)
+    t.set_targets(["a"])
+    t.on_stats("a", stats(waiting=0, running=254, ts=1.0, max_num_seqs=256))  # room for 2
+    t.on_dispatch("a", "r1", 1.1)
+    assert t.is_available("a")
+    t.on_dispatch("a", "r2", 1.2)
+    assert not t.is_available("a"), "a replica that was just sent work is no longer known to be empty"
+    # A report measured *before* the dispatches still counts them as unseen.
+    t.on_stats("a", stats(waiting=0, running=254, ts=1.15, max_num_seqs=256))
+    assert t.unseen("a") == 1 and t.is_available("a")
+    # A later report that saw both: room computed afresh.
+    t.on_stats("a", stats(waiting=0, running=256, ts=2.0, max_num_seqs=256))
+    assert not t.is_available("a")
+    t.on_stats("a", stats(waiting=0, running=100, ts=3.0, max_num_seqs=256))
+    assert t.is_available("a") and t.outstanding("a") == 2  # never reset by a refresh
+
+
+def test_sp_p_unknown_capacity_gives_one_request_per_report():
+    t = LoadTracker("sp-p", unknown_headroom=1)
+    t.set_targets(["a"])
+    assert t.is_available("a")  # never reported: one request to find out
+    t.on_dispatch("a", "r1", 0.5)
+    assert not t.is_available("a")
+    t.on_stats("a", stats(waiting=0, running=1, ts=1.0))
+    assert t.is_available("a")
+
+
+def test_sp_p_completions_free_credits_after_waiting_drains():
+    t = LoadTracker("sp-p")
+    t.set_targets(["a"])
+    for i in range(3):
+        t.on_dispatch("a", i, 0.1)
+    t.on_stats("a", stats(waiting=1, running=2, ts=1.0, max_num_seqs=2))
+    assert not t.is_available("a")
+    t.on_complete(0)  # frees a slot, but the waiting request takes it
+    assert not t.is_available("a")
+    t.on_complete(1)
+    assert t.is_available("a")
+
+
+def test_sp_p_kv_headroom():
+    t = LoadTracker("sp-p", request_tokens=1000, max_burst=100)
+    t.set_targets(["a"])
+    t.on_stats("a", stats(ts=1.0, kv_cache_usage=0.99, num_gpu_blocks=1000, block_tokens=16))  # 160 tokens free
+    assert not t.is_available("a")
+    t.on_stats("a", stats(ts=2.0, kv_cache_usage=0.5, num_gpu_blocks=1000, block_tokens=16))  # 8000 free -> 8
+    for i in range(7):
+        t.on_dispatch("a", i, 2.5)
+    assert t.is_available("a")
+    t.on_dispatch("a", 7, 2.5)
+    assert not t.is_available("a")
+
+
+def test_stale_reports_are_ignored():
+    t = LoadTracker("sp-p")
+    t.set_targets(["a"])
+    t.on_stats("a", stats(waiting=3, ts=5.0))
+    t.on_stats("a", stats(waiting=0, ts=4.0))
+    assert not t.is_available("a")
+
+
+def test_stats_from_vllm_names_and_bad_values():
+    s = ReplicaStats.from_dict({"num_waiting_reqs": 2, "num_running_reqs": 5, "kv_cache_usage": 0.3, "timestamp": 9})
+    assert (s.num_waiting, s.num_running, s.kv_cache_usage, s.timestamp) == (2, 5, 0.3, 9.0)
+    with pytest.raises(ValueError, match="negative"):
+        ReplicaStats.from_dict({"num_waiting": -1})
+    with pytest.raises(TypeError, match="dict"):
+        ReplicaStats.from_dict([1])
+
+
+@pytest.mark.parametrize("kw, name", [({"mode": "xx"}, "mode"), ({"max_outstanding": 0}, "max_outstanding"),
+                                       ({"max_burst": 0}, "max_burst")])
+def test_bad_tracker_config(kw, name):
+    with pytest.raises(ValueError, match=name):
+        LoadTracker(**kw)
+
+
+def test_removed_target_leaves_no_state():
+    t = LoadTracker("sp-o", max_outstanding=1)
+    t.set_targets(["a", "b"])
+    t.on_dispatch("a", "r1", 0.0)
+    t.set_targets(["b"])
+    assert t.available == {"b"} and t.outstanding("a") == 0
+    assert not t.on_complete("r1")

@@ -1,0 +1,198 @@
+import os
+import pickle
+import random
+import string
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ray_geolb.policy.prefix_index import PrefixIndex
+
+ALPHA = "ab"  # tiny alphabet: lots of shared prefixes
+
+
+def common_prefix(a: bytes, b: bytes) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def test_match_returns_longest_shared_prefix_per_target():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    idx.insert("aaaabbbbcccc", "r1")
+    idx.insert("aaaabbbbdddd", "r2")
+    idx.insert("zzzz", "r3")
+    m = idx.match("aaaabbbbccccxxxx")
+    assert m == {"r1": 12, "r2": 8}
+    assert idx.match("aaaabbbbcccc", available=["r2"]) == {"r2": 8}
+    assert idx.match("qqqq") == {}
+    assert idx.longest("aaaabbbbcc")[1] == 8
+
+
+def test_match_stops_when_no_available_target_remains():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    idx.insert("aaaabbbbcccc", "r1")
+    assert idx.match("aaaabbbbcccc", available=["r9"]) == {}
+    assert idx.match("aaaabbbbcccc", available=[]) == {}
+
+
+def test_geometric_blocks_bound_the_error():
+    idx = PrefixIndex(block_chars=64, growth=0.125)
+    rng = random.Random(1)
+    base = "".join(rng.choices(string.ascii_letters, k=100_000))
+    idx.insert(base, "r")
+    for shared in (500, 5_000, 50_000):
+        q = base[:shared] + "#" * 10
+        got = idx.match(q)["r"]
+        assert got <= shared and got >= shared * (1 - 0.125) - 64
+    # 100k characters in a few dozen blocks, not thousands
+    assert idx.num_nodes < 60
+
+
+def test_remove_target_and_subset_invariant():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    idx.insert("aaaabbbbcccc", "r1")
+    idx.insert("aaaabbbb", "r2")
+    idx.check_invariants()
+    assert idx.remove_target("r1") == 3
+    idx.check_invariants()
+    assert idx.match("aaaabbbbcccc") == {"r2": 8}
+    assert idx.num_nodes == 2
+    assert idx.chars_of("r1") == 0 and idx.chars_of("r2") == 8
+
+
+def test_eviction_is_lru_and_frees_nodes():
+    idx = PrefixIndex(block_chars=4, growth=0.0, max_nodes=6)
+    idx.insert("aaaabbbbcccc", "old")
+    idx.insert("xxxxyyyyzzzz", "new")
+    assert idx.num_nodes == 6
+    idx.insert("qqqqrrrr", "newer")  # needs 2 nodes: the oldest path loses its two deepest blocks
+    idx.check_invariants()
+    assert idx.num_nodes == 6
+    assert idx.match("aaaabbbbcccc") == {"old": 4}
+    assert idx.match("xxxxyyyyzzzz") == {"new": 12}
+    assert idx.evictions == 2
+
+
+def test_access_refreshes_lru_order():
+    idx = PrefixIndex(block_chars=4, growth=0.0, max_nodes=4)
+    idx.insert("aaaabbbb", "r1")
+    idx.insert("ccccdddd", "r2")
+    idx.insert("aaaabbbb", "r1")  # touch: r2's path is now the oldest
+    idx.insert("eeee", "r3")
+    idx.check_invariants()
+    assert idx.match("aaaabbbb") == {"r1": 8}
+    assert idx.match("ccccdddd") == {"r2": 4}
+
+
+def test_char_budget_counts_every_target():
+    idx = PrefixIndex(block_chars=4, growth=0.0, max_nodes=None, max_chars=16)
+    for t in ("a", "b", "c"):
+        idx.insert("aaaabbbb", t)
+    assert idx.stored_chars <= 16
+    idx.check_invariants()
+
+
+def test_store_text_false_keeps_no_prompt_text():
+    rng = random.Random(7)
+    prompts = ["".join(rng.choices(string.ascii_lowercase, k=3000)) for _ in range(20)]
+    idx = PrefixIndex(store_text=False)
+    for i, p in enumerate(prompts):
+        idx.insert(p, f"r{i % 3}")
+    blob = pickle.dumps(idx.__dict__)
+    for p in prompts:
+        for start in range(0, len(p) - 12, 97):
+            assert p[start:start + 12].encode() not in blob
+    assert idx.stored_text_blocks() == []
+    kept = PrefixIndex(store_text=True)
+    kept.insert(prompts[0], "r")
+    assert b"".join(kept.stored_text_blocks()) and prompts[0][:40].encode() in pickle.dumps(kept.__dict__)
+
+
+def test_snapshot_round_trip():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    idx.insert("aaaabbbbcccc", "eu", now=1.0)
+    idx.insert("aaaadddd", "asia", now=2.0)
+    copy = PrefixIndex(block_chars=4, growth=0.0)
+    copy.load_snapshot(idx.snapshot())
+    copy.check_invariants()
+    assert copy.match("aaaabbbbcccc") == idx.match("aaaabbbbcccc")
+    with pytest.raises(ValueError, match="geometry"):
+        PrefixIndex(block_chars=8).load_snapshot(idx.snapshot())
+
+
+@pytest.mark.parametrize("kw, field", [({"block_chars": 0}, "block_chars"), ({"growth": 2.0}, "growth"),
+                                       ({"max_nodes": 0}, "max_nodes"), ({"max_chars": -1}, "max_chars")])
+def test_bad_geometry_is_rejected(kw, field):
+    with pytest.raises(ValueError, match=field):
+        PrefixIndex(**kw)
+
+
+texts = st.text(alphabet=ALPHA, min_size=0, max_size=80)
+ops = st.lists(st.tuples(texts, st.sampled_from(["r0", "r1", "r2", "r3"])), min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, queries=st.lists(texts, min_size=1, max_size=10),
+       max_nodes=st.one_of(st.none(), st.integers(1, 40)), growth=st.sampled_from([0.0, 0.125, 0.5]))
+def test_property_match_never_exceeds_inserted_and_invariants_hold(ops, queries, max_nodes, growth):
+    idx = PrefixIndex(block_chars=3, growth=growth, max_nodes=max_nodes)
+    inserted = {}
+    for i, (text, target) in enumerate(ops):
+        idx.insert(text, target, now=float(i))
+        inserted.setdefault(target, []).append(text.encode())
+        idx.check_invariants()  # includes: subset invariant, budget never exceeded, accounting
+    for q in queries:
+        qb = q.encode()
+        for target, n in idx.match(q).items():
+            assert n <= len(qb)
+            assert n <= max(common_prefix(qb, t) for t in inserted[target])
+            assert qb[:n] in [t[:n] for t in inserted[target]]  # a real inserted prefix
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=ops)
+def test_property_unbounded_index_matches_exactly_at_block_granularity(ops):
+    idx = PrefixIndex(block_chars=3, growth=0.0, max_nodes=None)
+    inserted = {}
+    for text, target in ops:
+        idx.insert(text, target)
+        inserted.setdefault(target, []).append(text.encode())
+    for text, _ in ops:
+        qb = text.encode()
+        m = idx.match(text)
+        for target, texts_ in inserted.items():
+            best = max(common_prefix(qb, t) for t in texts_)
+            assert m.get(target, 0) == (best // 3) * 3
+
+
+def test_eviction_empties_the_index_when_the_budget_is_one_node():
+    idx = PrefixIndex(block_chars=2, growth=0.0, max_nodes=1)
+    for i in range(50):
+        idx.insert(f"{i:04d}xx", f"r{i % 5}")
+        assert idx.num_nodes <= 1
+    idx.check_invariants()
+
+
+def test_memory_bound_holds_over_a_million_inserts():
+    """The global budget is enforced on every insert, over 10^6 inserts of random prompts."""
+    n = int(os.environ.get("GEOLB_MILLION", "1000000"))
+    budget = 5_000
+    idx = PrefixIndex(block_chars=8, growth=0.25, max_nodes=budget, max_chars=400_000)
+    rng = random.Random(3)
+    heads = ["".join(rng.choices(string.ascii_letters, k=24)) for _ in range(64)]
+    tails = ["".join(rng.choices(string.ascii_letters, k=40)) for _ in range(997)]
+    peak_nodes = peak_chars = 0
+    for i in range(n):
+        text = heads[i % 64] + tails[(i * 7919) % 997] + str(i % 1_013)
+        idx.insert(text, i % 16, now=float(i))
+        if idx.num_nodes > peak_nodes:
+            peak_nodes = idx.num_nodes
+        if idx.stored_chars > peak_chars:
+            peak_chars = idx.stored_chars
+    assert peak_nodes <= budget and peak_chars <= 400_000
+    assert idx.evictions > 0
+    idx.check_invariants()
