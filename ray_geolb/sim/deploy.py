@@ -1,0 +1,234 @@
+"""Deployments for the simulator: where the replicas are, where the load balancers are, which policy.
+
+A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_dict`):
+
+* ``replicas``: ``{region: count}`` (balanced ``us=4,eu=4,asia=4``, unbalanced ``us=3,eu=3,asia=2``...);
+* ``lb_kind``:
+    - ``"per-region"``: one load balancer per region that has replicas, each a
+      :class:`~ray_geolb.policy.two_layer.RegionRouter` (SkyLB's two layers, ``max_hops=1``);
+    - ``"region-local"``: the same LBs with ``max_hops=0`` (never forward; SkyLB Fig. 10 baseline);
+    - ``"central"``: ONE load balancer in ``central_region`` whose policy sees every replica of every
+      region (SkyLB §5.1 baselines RR/LL/CH/SGL, "a single load balancer in the US").
+* ``policy``: a policy name or config dict for :func:`ray_geolb.policy.build_policy`;
+* ``two_layer``: extra :class:`~ray_geolb.policy.two_layer.TwoLayerConfig` fields (``tau``, ``remote``...);
+* ``profile``: engine profile name (default ``llama3.1-8b-l4``, SkyLB's hardware);
+* ``stats_period_s`` / ``stats_jitter`` / ``stats_lag_s``: replica reports reach their LB(s) every
+  period (+-jitter) after the lag (Ray Serve: controller poll + broadcast); ``heartbeat_s``: LB<->LB.
+* ``network``: a :class:`~ray_geolb.sim.network.RegionNetwork` (default ``RegionNetwork.default()``).
+
+Clients are sent to the LB of their own region; a region without an LB sends its clients to the
+LB with the smallest RTT.
+
+A *system* name maps to a deployment recipe (``SYSTEMS``): ``skylb``, ``skylb-ch``, ``rr``, ``ll``,
+``ch``, ``sgl``, ``p2c``, ``ray-prefix``, ``region-local``, ``oracle``, ``bp``, ``sp-o``, ``sp-p``.
+New systems are one :func:`register_system` call each.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Optional
+
+from .network import RegionNetwork
+from .profiles import PROFILES
+
+__all__ = [
+    "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
+    "parse_regions", "LB_KINDS", "DEFAULT_PROFILE",
+]
+
+LB_KINDS = ("per-region", "region-local", "central")
+DEFAULT_PROFILE = "llama3.1-8b-l4"
+
+
+@dataclass
+class DeploymentSpec:
+    replicas: Dict[str, int]
+    lb_kind: str = "per-region"
+    policy: Any = "skylb"
+    central_region: str = "us"
+    two_layer: Dict[str, Any] = field(default_factory=dict)
+    profile: str = DEFAULT_PROFILE
+    stats_period_s: float = 0.5
+    stats_jitter: float = 0.1
+    stats_lag_s: float = 0.3
+    heartbeat_s: float = 0.5
+    network: Optional[RegionNetwork] = None
+    system: str = ""
+
+    def __post_init__(self):
+        if self.lb_kind not in LB_KINDS:
+            raise ValueError(f"lb_kind must be one of {LB_KINDS}, got {self.lb_kind!r}")
+        if not isinstance(self.replicas, dict) or not self.replicas:
+            raise ValueError("replicas must be a non-empty {region: count} dict")
+        for r, n in self.replicas.items():
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise ValueError(f"replicas[{r!r}] must be an int >= 0, got {n!r}")
+        if sum(self.replicas.values()) < 1:
+            raise ValueError("a deployment needs at least one replica")
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown engine profile {self.profile!r}; known: {', '.join(sorted(PROFILES))}")
+        for f in ("stats_period_s", "heartbeat_s"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"{f} must be > 0, got {getattr(self, f)!r}")
+        if self.stats_lag_s < 0:
+            raise ValueError(f"stats_lag_s must be >= 0, got {self.stats_lag_s!r}")
+        if not 0 <= self.stats_jitter < 1:
+            raise ValueError(f"stats_jitter must be in [0, 1), got {self.stats_jitter!r}")
+        if self.network is None:
+            self.network = RegionNetwork.default()
+        for r in self.replicas:
+            if r not in self.network:
+                raise ValueError(f"replica region {r!r} is not in the network {self.network.regions}")
+        if self.lb_kind == "central" and self.central_region not in self.network:
+            raise ValueError(f"central_region {self.central_region!r} is not in the network {self.network.regions}")
+
+    @property
+    def replica_regions(self) -> List[str]:
+        return [r for r, n in self.replicas.items() if n > 0]
+
+    def lb_regions(self) -> List[str]:
+        if self.lb_kind == "central":
+            return [self.central_region]
+        return self.replica_regions
+
+    def lb_for_client(self, region: str) -> str:
+        """The LB a client of ``region`` is sent to (its own region's, else the nearest by RTT)."""
+        lbs = self.lb_regions()
+        if region in lbs:
+            return region
+        if region not in self.network:
+            raise ValueError(f"client region {region!r} is not in the network {self.network.regions}")
+        return self.network.nearest(region, lbs)
+
+    def to_dict(self) -> dict:
+        return {
+            "system": self.system,
+            "replicas": dict(self.replicas),
+            "lb_kind": self.lb_kind,
+            "policy": self.policy,
+            "central_region": self.central_region if self.lb_kind == "central" else None,
+            "two_layer": dict(self.two_layer),
+            "profile": self.profile,
+            "stats_period_s": self.stats_period_s,
+            "stats_jitter": self.stats_jitter,
+            "stats_lag_s": self.stats_lag_s,
+            "heartbeat_s": self.heartbeat_s,
+            "network_rtt_ms": {f"{a}-{b}": self.network.rtt_ms(a, b)
+                               for i, a in enumerate(self.network.regions)
+                               for b in self.network.regions[i + 1:]},
+        }
+
+
+@dataclass(frozen=True)
+class SystemRecipe:
+    """How a system name becomes a deployment: LB kind, policy, two-layer overrides."""
+
+    name: str
+    lb_kind: str
+    policy: Any
+    two_layer: Dict[str, Any] = field(default_factory=dict)
+    single_region: bool = False  # Fig. 9 variants: all replicas in one region
+    description: str = ""
+
+
+SYSTEMS: Dict[str, SystemRecipe] = {}
+
+
+def register_system(name: str, lb_kind: str, policy: Any, description: str = "", *,
+                    two_layer: Optional[Dict[str, Any]] = None, single_region: bool = False) -> SystemRecipe:
+    """Add a system: ``register_system("gorgo", "per-region", "gorgo", "GORGO cost routing")``."""
+    if lb_kind not in LB_KINDS:
+        raise ValueError(f"lb_kind must be one of {LB_KINDS}, got {lb_kind!r}")
+    rec = SystemRecipe(name, lb_kind, policy, dict(two_layer or {}), single_region, description)
+    SYSTEMS[name] = rec
+    return rec
+
+
+register_system("skylb", "per-region", "skylb", "SkyLB: per-region LBs, prefix tree + SP-P, snapshot forwarding")
+register_system("skylb-ch", "per-region", "skylb_ch", "SkyLB-CH: per-region LBs, ring + SP-P, ring over regions",
+                two_layer={"remote": "ring"})
+register_system("region-local", "region-local", "skylb", "per-region SkyLB LBs that never forward (Fig. 10 baseline)",
+                two_layer={"max_hops": 0})
+register_system("rr", "central", "round_robin", "one LB in the US, round robin, blind pushing")
+register_system("ll", "central", "least_load", "one LB in the US, least outstanding, blind pushing")
+register_system("ch", "central", "consistent_hash", "one LB in the US, consistent hashing on the session key")
+register_system("sgl", "central", "sglang", "one LB in the US, SGLang cache-aware router")
+register_system("p2c", "central", "power_of_two", "one LB in the US, power of two choices (Ray Serve default)")
+register_system("ray-prefix", "central", "ray_prefix", "one LB in the US, Ray PrefixCacheAffinityRouter-like")
+register_system("oracle", "central", "oracle", "one LB in the US with every replica's real prefix cache (upper bound)")
+register_system("bp", "central", {"name": "sglang", "availability": {"mode": "bp"}},
+                "one region, SGLang router, blind pushing (Fig. 9)", single_region=True)
+register_system("sp-o", "central", {"name": "sglang", "availability": {"mode": "sp-o"}},
+                "one region, SGLang router, selective pushing by outstanding requests (Fig. 9)", single_region=True)
+register_system("sp-p", "central", {"name": "sglang", "availability": {"mode": "sp-p"}},
+                "one region, SGLang router, selective pushing by pending requests (Fig. 9)", single_region=True)
+
+
+def system_names() -> List[str]:
+    return sorted(SYSTEMS)
+
+
+def parse_regions(spec: str) -> Dict[str, int]:
+    """``"us=4,eu=4,asia=4"`` -> ``{"us": 4, "eu": 4, "asia": 4}`` (ValueError naming the bad part)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError("regions: expected REGION=COUNT[,REGION=COUNT...], e.g. us=4,eu=4,asia=4")
+    out: Dict[str, int] = {}
+    for part in spec.split(","):
+        part = part.strip()
+        name, eq, n = part.partition("=")
+        name = name.strip()
+        if not eq or not name:
+            raise ValueError(f"regions: {part!r} is not REGION=COUNT")
+        try:
+            k = int(n)
+        except ValueError:
+            raise ValueError(f"regions: count {n!r} of {name!r} is not an integer") from None
+        if k < 0:
+            raise ValueError(f"regions: count of {name!r} must be >= 0, got {k}")
+        if name in out:
+            raise ValueError(f"regions: {name!r} given twice")
+        out[name] = k
+    if sum(out.values()) < 1:
+        raise ValueError("regions: at least one replica is needed")
+    return out
+
+
+def deployment_for(system: Any, replicas: Dict[str, int], *, network: Optional[RegionNetwork] = None,
+                   central_region: str = "us", **overrides) -> DeploymentSpec:
+    """The deployment of a system name (see ``SYSTEMS``) over ``replicas``.
+
+    ``system`` may also be a policy name/dict not registered as a system: it then runs on per-region
+    two-layer LBs. ``overrides`` are DeploymentSpec fields (profile, stats_lag_s, two_layer...).
+    Single-region systems (bp / sp-o / sp-p) put every replica in the LB's region.
+    """
+    if isinstance(system, str) and system in SYSTEMS:
+        rec = SYSTEMS[system]
+    else:
+        from ray_geolb.policy.config import parse_policy_config
+
+        try:
+            parse_policy_config(system)
+        except Exception as e:
+            raise ValueError(f"unknown system {system!r}; known systems: {', '.join(system_names())} "
+                             f"(or a policy: {e})") from None
+        name = system if isinstance(system, str) else (system.get("name") if isinstance(system, dict) else str(system))
+        rec = SystemRecipe(str(name), "per-region", system)
+    reps = dict(replicas)
+    creg = central_region
+    if rec.single_region:
+        regions = [r for r, n in reps.items() if n > 0]
+        if len(regions) != 1:
+            creg = regions[0] if central_region not in regions else central_region
+            reps = {creg: sum(reps.values())}
+        else:
+            creg = regions[0]
+    tl = dict(rec.two_layer)
+    tl.update(overrides.pop("two_layer", {}) or {})
+    spec = DeploymentSpec(replicas=reps, lb_kind=rec.lb_kind, policy=overrides.pop("policy", rec.policy),
+                          central_region=creg, two_layer=tl, network=network, system=rec.name, **overrides)
+    return spec
+
+
+def with_replicas(spec: DeploymentSpec, replicas: Dict[str, int]) -> DeploymentSpec:
+    return replace(spec, replicas=dict(replicas))
