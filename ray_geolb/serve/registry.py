@@ -1,0 +1,462 @@
+"""Region registry: the cross-region view every region's ingress shares.
+
+:class:`RegistryState` (pure Python, unit-testable) holds, per region:
+
+* **availability** -- available replicas, LB queue length, and when it was last heard, aggregated
+  over the region's ingress replicas (``source``): available = max over fresh sources (they watch
+  the same replicas), queue = sum over fresh sources;
+* **measured RTTs** -- ``rtts[src][dst]`` in seconds, as each ingress measured them (EWMA of pings);
+* **regional snapshots** -- what the region forwarded to each peer, as ``PrefixIndex.snapshot()``
+  dicts, trimmed to ``max_snapshot_nodes`` (most recently used nodes kept, parents before children),
+  so a restarted ingress reloads its snapshot.
+
+Memory is bounded: at most ``max_regions`` regions, ``max_sources_per_region`` sources each (oldest
+dropped), ``max_snapshot_nodes`` per snapshot, and a region not heard from for ``drop_after_s`` is
+forgotten. Ages, not timestamps, are returned (``age_s`` on the registry's clock), so clock skew
+between nodes does not matter.
+
+:class:`RegionRegistry` is the Ray actor around it: detached, named, ``max_restarts=-1``,
+``num_cpus=0`` (:func:`get_or_create_registry`). It is *stateless-restartable*: after a restart it is
+empty and is rebuilt by the next heartbeats (every ``period_s``) -- nothing in it is precious.
+
+:class:`RegistryClient` runs in each ingress process: one background asyncio task sends this region's
+heartbeat (plus RTTs and, when changed, the snapshot) in one batched call and gets the peer table back
+in the reply, every ``period_s``. Nothing on the request path ever waits for it. Every call has a
+timeout; while the registry is unreachable the last table is kept, and its entries age (their
+timestamps are "when we heard it", minus the age the registry reported), so after
+``TwoLayerConfig.peer_stale_s`` every peer is stale and the region routes locally -- degraded, never
+stopped. After ``reresolve_after`` failed calls the client re-resolves the named actor (creating it
+again if it is gone for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+logger = logging.getLogger("ray_geolb.registry")
+
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_NAMESPACE",
+    "RegistryState",
+    "RegistryClient",
+    "RegionRegistry",
+    "get_or_create_registry",
+    "trim_snapshot",
+]
+
+DEFAULT_NAME = "geolb_registry"
+DEFAULT_NAMESPACE = "geolb"
+
+
+def _finite_nonneg(x, what):
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+        raise ValueError(f"{what} must be a finite number >= 0, got {x!r}")
+    return x
+
+
+def trim_snapshot(snap: Optional[dict], max_nodes: int) -> Optional[dict]:
+    """Keep at most ``max_nodes`` nodes of a ``PrefixIndex.snapshot()``: the most recently used ones.
+
+    A parent was touched at least as recently as any of its children (inserts touch the whole path),
+    and among equal times shorter (parent) nodes sort first, so a parent is never dropped while one
+    of its children is kept.
+    """
+    if snap is None:
+        return None
+    if not isinstance(snap, dict) or "nodes" not in snap or "geometry" not in snap:
+        raise ValueError("snapshot must be a PrefixIndex.snapshot() dict with 'geometry' and 'nodes'")
+    nodes = snap["nodes"]
+    if len(nodes) <= max_nodes:
+        return snap
+
+    def recency(row):
+        targets = row[4] or {}
+        return (-max(targets.values(), default=0.0), row[3])
+
+    kept = sorted(nodes, key=recency)[:max_nodes]
+    return {"geometry": snap["geometry"], "nodes": kept, "trimmed_from": len(nodes)}
+
+
+class RegistryState:
+    """The registry's data and rules, without Ray (see the module docstring)."""
+
+    def __init__(
+        self,
+        max_regions: int = 64,
+        max_sources_per_region: int = 32,
+        fresh_s: float = 3.0,
+        drop_after_s: float = 60.0,
+        max_snapshot_nodes: int = 20_000,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        for name, v in (("max_regions", max_regions), ("max_sources_per_region", max_sources_per_region),
+                        ("max_snapshot_nodes", max_snapshot_nodes)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        _finite_nonneg(fresh_s, "fresh_s")
+        _finite_nonneg(drop_after_s, "drop_after_s")
+        self.max_regions = max_regions
+        self.max_sources = max_sources_per_region
+        self.fresh_s = float(fresh_s)
+        self.drop_after_s = float(drop_after_s)
+        self.max_snapshot_nodes = max_snapshot_nodes
+        self._clock = clock
+        # region -> source -> {"available_replicas", "queue_len", "t"}
+        self._sources: Dict[str, Dict[str, dict]] = {}
+        self._rtts: Dict[str, Dict[str, float]] = {}
+        self._snapshots: Dict[str, dict] = {}
+        self._snapshot_versions: Dict[str, int] = {}
+        self.started_at = clock()
+        self.heartbeats = 0
+        self.rejected = 0
+
+    # ------------------------------------------------------------ updates
+    def heartbeat_batch(self, items: Iterable[dict]) -> dict:
+        """Apply a batch of heartbeats; return the table (so one call both reports and reads).
+
+        An item: ``{"region", "source", "available_replicas", "queue_len"}`` plus optional
+        ``"rtts": {peer: seconds}`` and ``"snapshot": PrefixIndex.snapshot()`` (+ ``"snapshot_version"``).
+        A malformed item is skipped (and counted in ``errors``); the rest of the batch still applies.
+        """
+        now = self._clock()
+        errors: List[str] = []
+        if not isinstance(items, (list, tuple)):
+            items = [items]
+        for item in items:
+            try:
+                self._apply(item, now)
+                self.heartbeats += 1
+            except (ValueError, TypeError, KeyError) as e:
+                self.rejected += 1
+                errors.append(str(e))
+        self._prune(now)
+        table = self.table(now)
+        if errors:
+            table["errors"] = errors[:10]
+        return table
+
+    def _apply(self, item: dict, now: float) -> None:
+        if not isinstance(item, dict):
+            raise TypeError(f"heartbeat must be a dict, got {type(item).__name__}")
+        region = item.get("region")
+        if not isinstance(region, str) or not region:
+            raise ValueError(f"heartbeat.region must be a non-empty string, got {region!r}")
+        source = str(item.get("source") or region)
+        avail = item.get("available_replicas")
+        qlen = item.get("queue_len", 0)
+        for name, v in (("available_replicas", avail), ("queue_len", qlen)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"heartbeat.{name} must be an integer >= 0, got {v!r}")
+        rtts = item.get("rtts") or {}
+        if not isinstance(rtts, dict):
+            raise ValueError("heartbeat.rtts must be a dict {peer: seconds}")
+        clean_rtts = {peer: float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
+                      for peer, v in rtts.items() if isinstance(peer, str) and peer != region}
+        snap = item.get("snapshot")
+        if snap is not None:
+            snap = trim_snapshot(snap, self.max_snapshot_nodes)  # validates
+        # validated: now mutate
+        if region not in self._sources and len(self._sources) >= self.max_regions:
+            oldest = min(self._sources, key=lambda r: max(s["t"] for s in self._sources[r].values()))
+            self._forget(oldest)
+        srcs = self._sources.setdefault(region, {})
+        if source not in srcs and len(srcs) >= self.max_sources:
+            del srcs[min(srcs, key=lambda s: srcs[s]["t"])]
+        srcs[source] = {"available_replicas": avail, "queue_len": qlen, "t": now}
+        if clean_rtts:
+            mine = self._rtts.setdefault(region, {})
+            mine.update(clean_rtts)
+            if len(mine) > self.max_regions:
+                for peer in [p for p in mine if p not in self._sources][: len(mine) - self.max_regions]:
+                    del mine[peer]
+        if snap is not None:
+            self._snapshots[region] = snap
+            self._snapshot_versions[region] = int(item.get("snapshot_version", self._snapshot_versions.get(region, 0) + 1))
+
+    def _forget(self, region: str) -> None:
+        self._sources.pop(region, None)
+        self._rtts.pop(region, None)
+        self._snapshots.pop(region, None)
+        self._snapshot_versions.pop(region, None)
+        for m in self._rtts.values():
+            m.pop(region, None)
+
+    def _prune(self, now: float) -> None:
+        for region in list(self._sources):
+            srcs = self._sources[region]
+            for s in [s for s, v in srcs.items() if now - v["t"] > self.drop_after_s]:
+                del srcs[s]
+            if not srcs:
+                self._forget(region)
+
+    # ------------------------------------------------------------ queries
+    def table(self, now: Optional[float] = None) -> dict:
+        now = self._clock() if now is None else now
+        regions = {}
+        for region, srcs in self._sources.items():
+            fresh = [v for v in srcs.values() if now - v["t"] <= self.fresh_s]
+            if not fresh:
+                fresh = [max(srcs.values(), key=lambda v: v["t"])]
+            regions[region] = {
+                "available_replicas": max(v["available_replicas"] for v in fresh),
+                "queue_len": sum(v["queue_len"] for v in fresh),
+                "age_s": max(0.0, now - max(v["t"] for v in fresh)),
+                "sources": len(srcs),
+            }
+        return {
+            "regions": regions,
+            "rtts": {r: dict(m) for r, m in self._rtts.items()},
+            "snapshot_versions": dict(self._snapshot_versions),
+            "uptime_s": now - self.started_at,
+        }
+
+    def snapshot(self, region: str) -> Optional[dict]:
+        return self._snapshots.get(region)
+
+    def stats(self) -> dict:
+        return {
+            "regions": len(self._sources),
+            "sources": sum(len(s) for s in self._sources.values()),
+            "snapshot_nodes": {r: len(s["nodes"]) for r, s in self._snapshots.items()},
+            "heartbeats": self.heartbeats,
+            "rejected": self.rejected,
+            "uptime_s": self._clock() - self.started_at,
+        }
+
+
+# ---------------------------------------------------------------------------------------------- actor
+def _actor_class():
+    import ray
+
+    @ray.remote(num_cpus=0, max_restarts=-1)
+    class RegionRegistry:
+        """Ray actor around :class:`RegistryState` (detached and named; see get_or_create_registry)."""
+
+        def __init__(self, config: Optional[dict] = None):
+            self.state = RegistryState(**(config or {}))
+
+        def heartbeat_batch(self, items: List[dict]) -> dict:
+            return self.state.heartbeat_batch(items)
+
+        def table(self) -> dict:
+            return self.state.table()
+
+        def snapshot(self, region: str) -> Optional[dict]:
+            return self.state.snapshot(region)
+
+        def stats(self) -> dict:
+            return self.state.stats()
+
+        def ping(self) -> str:
+            return "ok"
+
+    return RegionRegistry
+
+
+_ACTOR_CLS = None
+
+
+def __getattr__(name):  # lazy: importing this module must not import ray
+    global _ACTOR_CLS
+    if name == "RegionRegistry":
+        if _ACTOR_CLS is None:
+            _ACTOR_CLS = _actor_class()
+        return _ACTOR_CLS
+    raise AttributeError(name)
+
+
+def get_or_create_registry(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
+                           config: Optional[dict] = None, label_selector: Optional[dict] = None):
+    """The named detached registry actor, created if it does not exist (race-free: ``get_if_exists``)."""
+    if config is not None:
+        RegistryState(**config)  # validate here, with a clear error, not in the actor
+    cls = __getattr__("RegionRegistry")
+    opts: Dict[str, Any] = dict(name=name, namespace=namespace, lifetime="detached", get_if_exists=True)
+    if label_selector:
+        opts["label_selector"] = dict(label_selector)
+    return cls.options(**opts).remote(config)
+
+
+# ---------------------------------------------------------------------------------------------- client
+class RegistryClient:
+    """Background heartbeat + peer-table refresh for one ingress (see the module docstring).
+
+    ``provider()`` returns this source's heartbeat fields: ``available_replicas``, ``queue_len`` and
+    optionally ``rtts`` ({peer: seconds}) and ``snapshot`` / ``snapshot_version`` (send them only when
+    changed). ``on_table(table, received_at)`` is called with each table, ``received_at`` on this
+    process's monotonic clock.
+    """
+
+    def __init__(
+        self,
+        region: str,
+        source: str,
+        provider: Callable[[], dict],
+        on_table: Callable[[dict, float], None],
+        *,
+        name: str = DEFAULT_NAME,
+        namespace: str = DEFAULT_NAMESPACE,
+        period_s: float = 0.25,
+        timeout_s: float = 1.0,
+        reresolve_after: int = 2,
+        create_if_missing: bool = True,
+        registry_config: Optional[dict] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not (isinstance(period_s, (int, float)) and period_s > 0):
+            raise ValueError(f"period_s must be > 0, got {period_s!r}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.region = region
+        self.source = source
+        self.provider = provider
+        self.on_table = on_table
+        self.name = name
+        self.namespace = namespace
+        self.period_s = float(period_s)
+        self.timeout_s = float(timeout_s)
+        self.reresolve_after = max(1, int(reresolve_after))
+        self.create_if_missing = create_if_missing
+        self.registry_config = registry_config
+        self._clock = clock
+        self._handle = None
+        self._task: Optional[asyncio.Task] = None
+        self.last_ok: Optional[float] = None
+        self.last_table: Optional[dict] = None
+        self.consecutive_failures = 0
+        self.failures = 0
+        self.successes = 0
+        self.resolves = 0
+        self.last_error: Optional[str] = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        t, self._task = self._task, None
+        if t is not None:
+            t.cancel()
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    @property
+    def connected(self) -> bool:
+        return self.consecutive_failures == 0 and self.last_ok is not None
+
+    def status(self) -> dict:
+        now = self._clock()
+        return {
+            "connected": self.connected,
+            "since_last_ok_s": None if self.last_ok is None else round(now - self.last_ok, 3),
+            "successes": self.successes,
+            "failures": self.failures,
+            "resolves": self.resolves,
+            "last_error": self.last_error,
+        }
+
+    # ------------------------------------------------------------ calls
+    async def _resolve(self):
+        import ray
+
+        loop = asyncio.get_running_loop()
+
+        def get():
+            if self.create_if_missing:
+                return get_or_create_registry(self.name, self.namespace, self.registry_config)
+            return ray.get_actor(self.name, namespace=self.namespace)
+
+        # get_actor / actor creation are blocking GCS calls: keep them off the event loop.
+        handle = await asyncio.wait_for(loop.run_in_executor(None, get), self.timeout_s * 5)
+        self.resolves += 1
+        return handle
+
+    async def call(self, method: str, *args):
+        """One registry call with a timeout (resolving the actor first if needed)."""
+        if self._handle is None:
+            self._handle = await self._resolve()
+        ref = getattr(self._handle, method).remote(*args)
+        try:
+            return await asyncio.wait_for(ref, self.timeout_s)
+        except asyncio.TimeoutError:
+            import ray
+
+            ray.cancel(ref)  # best effort; never blocks
+            raise
+
+    async def tick(self) -> bool:
+        """One heartbeat + table refresh. Returns True on success. Never raises (except cancel)."""
+        try:
+            hb = dict(self.provider())
+            hb.setdefault("region", self.region)
+            hb.setdefault("source", self.source)
+            table = await self.call("heartbeat_batch", [hb])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - unreachable/restarting registry: degrade, retry
+            self.failures += 1
+            self.consecutive_failures += 1
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            if self.consecutive_failures % self.reresolve_after == 0:
+                self._handle = None  # re-resolve the named actor (it may have been re-created)
+            if self.consecutive_failures in (1, 10) or self.consecutive_failures % 100 == 0:
+                logger.warning("registry unreachable from %s (%d failures in a row): %s",
+                               self.source, self.consecutive_failures, self.last_error)
+            return False
+        received = self._clock()
+        self.successes += 1
+        self.consecutive_failures = 0
+        self.last_ok = received
+        self.last_table = table
+        try:
+            self.on_table(table, received)
+        except Exception:  # noqa: BLE001
+            logger.exception("on_table callback failed")
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            t0 = self._clock()
+            await self.tick()
+            await asyncio.sleep(max(0.0, self.period_s - (self._clock() - t0)))
+
+    async def fetch_snapshot(self, region: str) -> Optional[dict]:
+        """The region's mirrored snapshot, or None (unreachable or none stored)."""
+        try:
+            return await self.call("snapshot", region)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            return None
+
+
+def peer_states_from_table(table: dict, received_at: float, own_region: str):
+    """``PeerState`` objects for every other region of a registry table.
+
+    ``timestamp`` = ``received_at - age_s`` on the caller's clock; ``rtt_s`` = what *this* region
+    measured to the peer (``rtts[own][peer]``), else the peer's measurement back, else None.
+    """
+    from ray_geolb.policy.two_layer import PeerState
+
+    rtts = table.get("rtts", {})
+    mine = rtts.get(own_region, {})
+    out = []
+    for region, e in table.get("regions", {}).items():
+        if region == own_region:
+            continue
+        rtt = mine.get(region)
+        if rtt is None:
+            rtt = rtts.get(region, {}).get(own_region)
+        out.append(PeerState(region=region, available_replicas=int(e["available_replicas"]),
+                             queue_len=int(e["queue_len"]), timestamp=received_at - float(e["age_s"]),
+                             rtt_s=rtt, extra={"sources": e.get("sources", 0)}))
+    return out

@@ -1,0 +1,271 @@
+"""RegionRegistry: pure state rules, then the real detached actor + RegistryClient on a local Ray."""
+
+import asyncio
+import tempfile
+import time
+
+import pytest
+
+from ray_geolb.policy.prefix_index import PrefixIndex
+from ray_geolb.serve.latency import LatencyInjector
+from ray_geolb.serve.registry import RegistryClient, RegistryState, peer_states_from_table, trim_snapshot
+
+
+class FakeClock:
+    def __init__(self, t=100.0):
+        self.t = t
+
+    def __call__(self):
+        return self.t
+
+
+def hb(region, avail=1, q=0, source=None, **kw):
+    d = {"region": region, "available_replicas": avail, "queue_len": q}
+    if source:
+        d["source"] = source
+    d.update(kw)
+    return d
+
+
+# ------------------------------------------------------------------ RegistryState
+def test_heartbeat_batch_returns_table_with_ages():
+    clk = FakeClock()
+    st = RegistryState(clock=clk)
+    t = st.heartbeat_batch([hb("us", 2, 0), hb("eu", 0, 3)])
+    assert t["regions"]["us"]["available_replicas"] == 2
+    assert t["regions"]["eu"]["queue_len"] == 3
+    clk.t += 1.5
+    t = st.table()
+    assert t["regions"]["us"]["age_s"] == pytest.approx(1.5)
+
+
+def test_sources_aggregate_max_available_sum_queue():
+    clk = FakeClock()
+    st = RegistryState(clock=clk, fresh_s=3.0)
+    st.heartbeat_batch([hb("us", 1, 2, source="a"), hb("us", 3, 1, source="b")])
+    e = st.table()["regions"]["us"]
+    assert (e["available_replicas"], e["queue_len"], e["sources"]) == (3, 3, 2)
+    clk.t += 4  # both stale; only "a" refreshes
+    st.heartbeat_batch([hb("us", 0, 5, source="a")])
+    e = st.table()["regions"]["us"]
+    assert (e["available_replicas"], e["queue_len"]) == (0, 5)  # stale "b" no longer counts
+
+
+def test_bad_items_are_skipped_not_fatal():
+    st = RegistryState(clock=FakeClock())
+    t = st.heartbeat_batch([{"region": ""}, hb("us", -1), hb("eu", 1), "junk", hb("asia", 1, rtts={"us": -3})])
+    assert set(t["regions"]) == {"eu"}
+    assert len(t["errors"]) == 4
+    assert any("available_replicas" in e for e in t["errors"])
+    assert st.rejected == 4
+
+
+def test_memory_bounds_regions_sources_and_stale_drop():
+    clk = FakeClock()
+    st = RegistryState(clock=clk, max_regions=3, max_sources_per_region=2, drop_after_s=10)
+    for i, r in enumerate(["a", "b", "c", "d"]):
+        clk.t += 1
+        st.heartbeat_batch([hb(r, 1)])
+    assert set(st.table()["regions"]) == {"b", "c", "d"}  # oldest region evicted
+    for s in ["s1", "s2", "s3"]:
+        clk.t += 1
+        st.heartbeat_batch([hb("b", 1, source=s)])
+    assert st.table()["regions"]["b"]["sources"] == 2
+    clk.t += 11
+    st.heartbeat_batch([hb("d", 1)])
+    assert set(st.table()["regions"]) == {"d"}  # regions not heard for drop_after_s are forgotten
+
+
+def test_rtts_stored_and_peer_states_use_own_measurement():
+    clk = FakeClock()
+    st = RegistryState(clock=clk)
+    st.heartbeat_batch([hb("us", 1, rtts={"eu": 0.1, "asia": 0.17}), hb("eu", 2, rtts={"us": 0.12})])
+    clk.t += 0.5
+    t = st.table()
+    peers = {p.region: p for p in peer_states_from_table(t, received_at=50.0, own_region="us")}
+    assert set(peers) == {"eu"}
+    assert peers["eu"].rtt_s == pytest.approx(0.1)
+    assert peers["eu"].timestamp == pytest.approx(49.5)
+    assert peers["eu"].available_replicas == 2
+    # asia measures nothing itself: it gets us's measurement back
+    st.heartbeat_batch([hb("asia", 1)])
+    p = {p.region: p for p in peer_states_from_table(st.table(), 0.0, "asia")}
+    assert p["us"].rtt_s == pytest.approx(0.17)
+
+
+def test_snapshot_bounded_and_reloadable():
+    idx = PrefixIndex(block_chars=8, growth=0.0)
+    for i in range(50):
+        idx.insert(f"shared-system-prompt/{i:04d}/" + "x" * 40, "eu" if i % 2 else "asia", now=float(i))
+    snap = idx.snapshot()
+    n = len(snap["nodes"])
+    st = RegistryState(clock=FakeClock(), max_snapshot_nodes=n // 3)
+    st.heartbeat_batch([hb("us", 1, snapshot=snap, snapshot_version=7)])
+    stored = st.snapshot("us")
+    assert len(stored["nodes"]) == n // 3 and stored["trimmed_from"] == n
+    assert st.table()["snapshot_versions"]["us"] == 7
+    idx2 = PrefixIndex(block_chars=8, growth=0.0)
+    idx2.load_snapshot(stored)
+    idx2.check_invariants()
+    # the most recent prompt (i=49, forwarded to eu) survives the trim
+    assert idx2.longest("shared-system-prompt/0049/" + "x" * 40)[0] == ["eu"]
+
+
+def test_trim_keeps_parents():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    for i in range(30):
+        idx.insert("p" * 8 + f"{i:03d}" + "q" * 12, "r", now=float(i))
+    snap = idx.snapshot()
+    kept = trim_snapshot(snap, 10)
+    keys = {row[0] for row in kept["nodes"]}
+    for key, parent, *_ in kept["nodes"]:
+        assert parent == -1 or parent in keys
+    assert trim_snapshot(snap, 10**6) is snap
+    with pytest.raises(ValueError, match="snapshot"):
+        trim_snapshot({"nodes": []}, 5)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="max_regions"):
+        RegistryState(max_regions=0)
+    with pytest.raises(ValueError, match="drop_after_s"):
+        RegistryState(drop_after_s=float("nan"))
+    with pytest.raises(ValueError, match="period_s"):
+        RegistryClient("us", "us/1", dict, lambda t, r: None, period_s=0)
+
+
+# ------------------------------------------------------------------ latency injector (pure)
+def test_latency_injector_defaults_and_scale():
+    lat = LatencyInjector(scale=0.5)
+    assert lat.rtt_s("us", "eu") == pytest.approx(0.098 * 0.5)
+    assert lat.one_way_s("eu", "us") == pytest.approx(0.098 * 0.25)
+    assert lat.rtt_s("us", "us") == 0
+    lat.check_regions(["us", "eu", "asia"])
+    with pytest.raises(ValueError, match="'us'<->'mars'"):
+        lat.check_regions(["us", "mars"])
+    LatencyInjector(scale=0).check_regions(["us", "mars"])  # injection off: nothing to check
+    with pytest.raises(ValueError, match="scale"):
+        LatencyInjector(scale=-1)
+    with pytest.raises(ValueError, match="unknown keys"):
+        LatencyInjector.from_spec({"scael": 1})
+    custom = LatencyInjector.from_spec({"rtt_ms": {"a-b": 40, "b": {"c": 10}}, "scale": 1})
+    assert custom.rtt_s("b", "a") == pytest.approx(0.04) and custom.rtt_s("c", "b") == pytest.approx(0.01)
+    assert LatencyInjector.from_spec(custom.to_spec()).rtt_s("a", "b") == pytest.approx(0.04)
+
+
+def test_latency_relay_delays_each_chunk():
+    lat = LatencyInjector({"a,b": 200}, scale=1.0)  # one-way 0.1 s
+
+    async def src():
+        for i in range(3):
+            yield i
+            await asyncio.sleep(0.05)
+
+    async def run():
+        t0 = time.monotonic()
+        out = []
+        async for x in lat.relay(src(), "a", "b"):
+            out.append((x, time.monotonic() - t0))
+        return out
+
+    out = asyncio.run(run())
+    assert [x for x, _ in out] == [0, 1, 2]
+    for i, (_, t) in enumerate(out):
+        assert t == pytest.approx(0.1 + 0.05 * i, abs=0.04)
+
+
+# ------------------------------------------------------------------ real actor + client
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    tmp = tempfile.mkdtemp(prefix="geolb_reg_")
+    ctx = ray.init(address="local", num_cpus=1, include_dashboard=False, _temp_dir=tmp,
+                   namespace="geolb_test_registry", log_to_driver=False)
+    assert ctx.address_info["address"]  # our own cluster
+    yield ray
+    ray.shutdown()
+
+
+@pytest.mark.ray
+def test_actor_get_or_create_and_batch(ray_local):
+    ray = ray_local
+    from ray_geolb.serve.registry import get_or_create_registry
+
+    a = get_or_create_registry(name="reg_t1", namespace="geolb_t")
+    b = get_or_create_registry(name="reg_t1", namespace="geolb_t")
+    assert a._actor_id == b._actor_id  # one named actor
+    t = ray.get(a.heartbeat_batch.remote([hb("us", 2), hb("eu", 1, 4)]), timeout=30)
+    assert t["regions"]["eu"]["queue_len"] == 4
+    with pytest.raises(ValueError, match="max_regions"):
+        get_or_create_registry(name="reg_bad", namespace="geolb_t", config={"max_regions": 0})
+    ray.kill(a)
+
+
+@pytest.mark.ray
+def test_client_survives_registry_restart_and_goes_stale(ray_local):
+    """Client keeps running while the registry is killed (and restarted by Ray); the table is
+    rebuilt from the next heartbeats; with no registry at all the last table ages out."""
+    ray = ray_local
+    from ray_geolb.serve.registry import get_or_create_registry
+
+    name, ns = "reg_t2", "geolb_t"
+    actor = get_or_create_registry(name=name, namespace=ns)
+    ray.get(actor.ping.remote(), timeout=30)
+
+    async def main():
+        tables = []
+        us = RegistryClient("us", "us/1", lambda: {"available_replicas": 2, "queue_len": 0},
+                            lambda t, r: tables.append((t, r)), name=name, namespace=ns, period_s=0.1,
+                            timeout_s=0.5)
+        eu = RegistryClient("eu", "eu/1", lambda: {"available_replicas": 1, "queue_len": 1, "rtts": {"us": 0.1}},
+                            lambda t, r: None, name=name, namespace=ns, period_s=0.1, timeout_s=0.5)
+        us.start()
+        eu.start()
+        await asyncio.sleep(1.0)
+        assert us.connected and "eu" in us.last_table["regions"]
+        before = us.successes
+        ray.kill(actor, no_restart=False)  # Ray restarts it, empty
+        t_kill = time.monotonic()
+        while True:
+            await asyncio.sleep(0.1)
+            t = us.last_table
+            if us.successes > before + 2 and t["uptime_s"] < time.monotonic() - t_kill + 0.5 and "eu" in t["regions"]:
+                break
+            assert time.monotonic() - t_kill < 30, f"registry state not rebuilt: {us.status()}"
+        assert us.last_table["rtts"]["eu"]["us"] == pytest.approx(0.1)  # rebuilt from heartbeats
+        assert us.failures >= 0  # (a kill may or may not land on an in-flight call)
+        # Now kill it for good: the client keeps the last table, which ages.
+        ray.kill(actor, no_restart=True)
+        await asyncio.sleep(0.1)
+        eu_task = eu
+        await eu_task.stop()
+        tables.clear()
+        await asyncio.sleep(0.3)
+        # the client re-resolves and (create_if_missing) re-creates the registry: state empty of eu
+        deadline = time.monotonic() + 30
+        while not (tables and "eu" not in tables[-1][0]["regions"]):
+            await asyncio.sleep(0.1)
+            assert time.monotonic() < deadline, us.status()
+        assert us.resolves >= 2
+        peers = peer_states_from_table(us.last_table, time.monotonic(), "us")
+        assert peers == []  # eu stopped heart-beating: it is gone from the new registry
+        await us.stop()
+
+    asyncio.run(main())
+    ray.kill(ray.get_actor(name, namespace=ns))
+
+
+@pytest.mark.ray
+def test_client_without_registry_degrades(ray_local):
+    async def main():
+        got = []
+        c = RegistryClient("us", "us/1", lambda: {"available_replicas": 1, "queue_len": 0},
+                           lambda t, r: got.append(t), name="no_such_registry", namespace="geolb_t",
+                           period_s=0.05, timeout_s=0.3, create_if_missing=False)
+        c.start()
+        await asyncio.sleep(0.6)
+        assert not got and not c.connected and c.failures >= 2
+        assert "no_such_registry" in (c.last_error or "") or "ValueError" in (c.last_error or "")
+        await c.stop()
+
+    asyncio.run(main())
