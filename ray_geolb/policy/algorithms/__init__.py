@@ -14,13 +14,25 @@ ray_prefix             Ray PrefixCacheAffinityRouter-like                       
 oracle                 global view of every replica's real prefix cache (upper bound)   SP-P
 skylb                  SkyLB: longest approximate prefix match among available          SP-P
 skylb_ch               SkyLB-CH: ring walk skipping unavailable replicas                SP-P
+gorgo                  GORGO: min RTT + t_p·(L − L_hit) + q̂·t_p·queued tokens          SP-P
+gorgo_proxy            GORGO-proxy: the same cost over all regions' replicas (+ RTT)    SP-P
+vllm_default           vLLM DP LB (BalanceRoute table): 4·waiting + running             blind
+jsq_load               BalanceRoute JSQ-Load: least KV load (usage + unseen tokens)     blind
+br0                    BR-0-style marginal KV overflow, JSQ-load tie-break              blind
+flowkv                 FlowKV load-aware: windowed load score, normal/imbalanced/extreme blind
+geoprefix              GeoPrefix (ours): TTFT cost, min match, aged matches             SP-P
 =====================  ===============================================================  =========
 
-The region layer (SkyLB's two layers) is in ``policy/two_layer.py``.
+The region layer (SkyLB's two layers) is in ``policy/two_layer.py``; its pluggable peer selectors
+(``remote="cost"``: GORGO's and GeoPrefix's cost over staying vs. peers) are in ``policy/remote.py``.
 """
 
 from . import (  # noqa: F401
+    balanceroute,
     consistent_hash,
+    flowkv,
+    geoprefix,
+    gorgo,
     least_load,
     oracle,
     power_of_two,

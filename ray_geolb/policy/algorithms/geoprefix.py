@@ -1,0 +1,56 @@
+"""GeoPrefix (ours): SkyLB's two layers and selective pushing, with a per-request TTFT cost.
+
+Local layer (this policy; selective pushing by pending requests, as SkyLB): among the *available*
+replicas,
+
+    cost(r) = w_prefill · t_p(r) · (L − L_hit(r)) + q̂ · t_p(r) · Q(r)
+
+* ``L_hit(r)`` — the prefix this LB already sent to ``r``, in tokens (``chars_per_token``), **ignored
+  when shorter than ``min_match_chars``** (a shared system prompt alone must not pile every request
+  onto one replica, vLLM production-stack #957) and **discounted by its age**
+  (``0.5 ** (age/match_half_life_s)``: an old prefix is likely evicted from the engine's cache);
+* ``Q(r)`` — the prefill tokens ahead of the request at ``r``: reported waiting × mean prompt +
+  the uncached tokens of requests dispatched since that report (the report's staleness is
+  corrected exactly by counting what it cannot have seen);
+* ``t_p(r)`` — learned online from observed TTFTs (shared :class:`~ray_geolb.policy.ttft_model.TtftModel`).
+
+The minimum wins; ties go to the fewest outstanding requests. Every request trades its match
+against each replica's load in the same units (seconds) — there is no fleet-wide "balance mode"
+switch that flips all requests to load balancing at once (vllm-project/router #238).
+
+Remote layer: ``TwoLayerConfig(remote="cost", cost=GEOPREFIX_COST)`` — the peer's LB queue,
+queued tokens and replica count from its heartbeat, forwards sent since the heartbeat, staleness
+inflation, RTT EWMA and the snapshot match (see :mod:`~ray_geolb.policy.remote`). Data residency:
+``TwoLayerConfig.tenant_regions`` and ``RouteRequest.allowed_regions`` bound every forward.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from ..base import register
+from .gorgo import CostConfig, CostPolicy
+
+__all__ = ["GeoPrefix", "geoprefix_two_layer"]
+
+
+@register
+class GeoPrefix(CostPolicy):
+    name = "geoprefix"
+    default_availability = "sp-p"
+
+    class Config(CostConfig):
+        name: Literal["geoprefix"] = "geoprefix"
+        min_match_chars: int = Field(256, ge=0, description="matches shorter than this count as no match")
+        match_half_life_s: Optional[float] = Field(600.0, gt=0.0, description="discount a match by its age (None: off)")
+
+
+def geoprefix_two_layer(region: str, **over) -> dict:
+    """The ``TwoLayerConfig`` fields GeoPrefix uses: ``remote="cost"`` with the remote queue."""
+    from ..remote import GEOPREFIX_COST
+
+    cfg = {"region": region, "remote": "cost", "cost": dict(GEOPREFIX_COST)}
+    cfg.update(over)
+    return cfg

@@ -1,0 +1,193 @@
+"""GORGO (§3.4): least estimated TTFT, and GORGO-proxy (one central LB with a global view).
+
+For each available replica ``r`` (selective pushing, as GORGO routes locally when it can admit):
+
+    cost(r) = w_rtt · RTT(r)                          0 locally; ``rtt_of_target`` hook for the proxy
+            + w_prefill · t_p(r) · (L − L_hit(r))     residual prefill
+            + q̂ · t_p(r) · Q(r)                       admission delay: queued tokens × t_p
+
+* ``L`` = the request's prompt tokens; ``L_hit(r)`` = the prefix this LB already sent to ``r`` (the
+  approximate prefix index), in tokens at ``chars_per_token`` (4) characters per token, capped at L;
+* ``t_p(r)`` = seconds per prefill token learned online from observed TTFTs
+  (:mod:`~ray_geolb.policy.ttft_model`, prior GORGO Table 1) — fed by ``on_complete(..., ttft_s=)``;
+* ``Q(r)`` = tokens queued ahead at ``r``: the replica's reported waiting requests × the mean prompt
+  length, plus the uncached tokens of requests this LB dispatched since that report.
+
+The region layer (local vs. peers, peer queues left out as in GORGO's code) is the ``cost`` selector
+of :mod:`~ray_geolb.policy.remote` with ``remote_queue=False``.
+
+``gorgo_proxy`` is the same cost over every replica of every region behind one central LB: the
+simulator sets ``policy.rtt_of_target = fn`` where ``fn(target)`` (or ``fn(target, request)``, if
+it takes two arguments, for the client's region) returns the RTT in seconds to that replica.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from typing import Callable, Dict, Hashable, List, Literal, Optional
+
+from pydantic import Field
+
+from ..base import Decision, register
+from ..config import PolicyConfig, PrefixIndexConfig
+from ..remote import discounted_hits
+from ..ttft_model import TtftModel, TtftModelConfig, WorkItem, WorkTracker
+from .skylb import PrefixPolicy
+
+__all__ = ["CostPolicy", "CostConfig", "Gorgo", "GorgoProxy"]
+
+
+class CostConfig(PolicyConfig):
+    """Fields shared by the TTFT-cost policies."""
+
+    prefix: PrefixIndexConfig = PrefixIndexConfig()
+    ttft: TtftModelConfig = TtftModelConfig()
+    chars_per_token: float = Field(4.0, gt=0.0, description="characters of canonical text per token (L_hit estimate)")
+    w_rtt: float = Field(1.0, ge=0.0, description="weight of the network RTT term")
+    w_prefill: float = Field(1.0, ge=0.0, description="weight of the residual-prefill term")
+    q_hat: float = Field(1.0, ge=0.0, description="weight of the queue-wait term (GORGO's q̂)")
+    min_match_chars: int = Field(0, ge=0, description="matches shorter than this count as no match")
+    match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: no discount)")
+    default_prompt_tokens: int = Field(512, ge=1, description="mean prompt length assumed before any request is seen")
+
+
+class CostPolicy(PrefixPolicy):
+    """Prefix index + online TTFT model + per-target work accounting; ``_cost`` is the subclass's."""
+
+    default_availability = "sp-p"
+
+    def __init__(self, config=None, targets=(), clock=None, rtt_of_target: Callable = None, **kw):
+        super().__init__(config, targets=targets, clock=clock, **kw)
+        self.ttft = TtftModel(self.config.ttft)
+        self.work = WorkTracker()
+        self._mean_prompt = float(self.config.default_prompt_tokens)
+        self._seen_prompts = 0
+        self._rtt_fn = None
+        self._rtt_two = False
+        self.rtt_of_target = rtt_of_target
+
+    # ------------------------------------------------------------ hooks the driver sets
+    @property
+    def rtt_of_target(self):
+        return self._rtt_fn
+
+    @rtt_of_target.setter
+    def rtt_of_target(self, fn):
+        if fn is not None and not callable(fn):
+            raise TypeError("rtt_of_target must be a callable target -> seconds (or (target, request) -> seconds)")
+        self._rtt_fn = fn
+        self._rtt_two = False
+        if fn is not None:
+            try:
+                params = [p for p in inspect.signature(fn).parameters.values()
+                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+                self._rtt_two = len(params) >= 2
+            except (TypeError, ValueError):
+                self._rtt_two = False
+
+    def rtt(self, target: Hashable, req) -> float:
+        fn = self._rtt_fn
+        if fn is None:
+            return 0.0
+        v = fn(target, req) if self._rtt_two else fn(target)
+        v = float(v)
+        if not v >= 0.0:
+            raise ValueError(f"rtt_of_target({target!r}) returned {v!r}; RTT must be a number >= 0")
+        return v
+
+    # ------------------------------------------------------------ estimates
+    @property
+    def mean_prompt_tokens(self) -> float:
+        return self._mean_prompt
+
+    def _hits(self, req, targets, now: float) -> Dict[Hashable, float]:
+        """Estimated cached tokens per target (match length, min-length and age rules applied)."""
+        cfg = self.config
+        p = self.prepared(req)
+        return discounted_hits(self.index.match(p, targets), req.prompt_tokens, cfg.chars_per_token,
+                               cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now)
+
+    def queued_tokens(self, target: Hashable) -> float:
+        """Prefill tokens ahead of a new request at ``target``: reported waiting + unseen dispatches."""
+        s = self.tracker.stats(target)
+        waiting = s.num_waiting * self._mean_prompt if s is not None else 0.0
+        _, _, unseen = self.work.unseen(target, s.timestamp if s is not None else None)
+        return waiting + unseen
+
+    def _cost(self, req, t, hit: float, now: float) -> float:
+        cfg = self.config
+        tp = self.ttft.t_p(t)
+        L = req.prompt_tokens
+        return (cfg.w_rtt * self.rtt(t, req) + cfg.w_prefill * tp * max(0.0, L - hit)
+                + cfg.q_hat * tp * self.queued_tokens(t))
+
+    def costs(self, req, eligible, now: float) -> Dict[Hashable, float]:
+        hits = self._hits(req, eligible, now)
+        req.cache[("hits", id(self))] = hits
+        return {t: self._cost(req, t, hits.get(t, 0.0), now) for t in eligible}
+
+    def _argmin(self, costs: Dict[Hashable, float]) -> Hashable:
+        best = min(costs.values())
+        tol = 1e-9 * max(1.0, abs(best)) if math.isfinite(best) else 0.0
+        ties = [t for t, c in costs.items() if c <= best + tol]
+        if len(ties) == 1:
+            return ties[0]
+        out = self.tracker.outstanding
+        lo = min(out(t) for t in ties)
+        ties = [t for t in ties if out(t) == lo]
+        return ties[0] if len(ties) == 1 else self.rng.choice(ties)
+
+    def _pick(self, req, eligible, now):
+        costs = self.costs(req, eligible, now)
+        t = self._argmin(costs)
+        hits = req.cache[("hits", id(self))]
+        matched = int(round(hits.get(t, 0.0) * self.config.chars_per_token)) if t in hits else 0
+        return Decision(t, matched, f"{self.name}_cost")
+
+    # ------------------------------------------------------------ events
+    def _record(self, req, target, now):
+        hits = req.cache.get(("hits", id(self)))
+        if hits is None or target not in hits:
+            hits = self._hits(req, [target], now)
+        uncached = max(0.0, req.prompt_tokens - hits.get(target, 0.0))
+        super()._record(req, target, now)
+        self.work.add(WorkItem(req.request_id, target, now, req.prompt_tokens, uncached,
+                               req.output_tokens_hint))
+        self._seen_prompts += 1
+        n = min(self._seen_prompts, 256)  # running mean, then an EWMA over ~256 requests
+        self._mean_prompt += (req.prompt_tokens - self._mean_prompt) / n
+
+    def on_complete(self, request_id, target=None, now=0.0, ttft_s=None, ok=True, req=None):
+        item = self.work.pop(request_id)
+        if item is not None and ok and ttft_s is not None:
+            self.ttft.observe(item.target, item.uncached_tokens, ttft_s)
+        super().on_complete(request_id, target, now, ttft_s=ttft_s, ok=ok, req=req)
+
+    def _forget(self, target):
+        super()._forget(target)
+        if hasattr(self, "work"):
+            self.work.remove_target(target)
+            self.ttft.forget(target)
+
+    def describe(self) -> dict:
+        d = super().describe()
+        b, s, src = self.ttft.line()
+        d.update(base_s=b, t_p_s=s, t_p_source=src, mean_prompt_tokens=self._mean_prompt)
+        return d
+
+
+@register
+class Gorgo(CostPolicy):
+    name = "gorgo"
+
+    class Config(CostConfig):
+        name: Literal["gorgo"] = "gorgo"
+
+
+@register
+class GorgoProxy(CostPolicy):
+    name = "gorgo_proxy"
+
+    class Config(CostConfig):
+        name: Literal["gorgo_proxy"] = "gorgo_proxy"

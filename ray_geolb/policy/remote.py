@@ -1,0 +1,262 @@
+"""Pluggable peer-region selectors for :class:`~ray_geolb.policy.two_layer.RegionRouter`.
+
+``TwoLayerConfig.remote`` = ``"prefix"`` / ``"ring"`` / ``"nearest"`` are SkyLB's choices (in
+``two_layer.py``); ``"cost"`` delegates to :class:`CostSelector` here, configured by
+``TwoLayerConfig.cost`` (:class:`CostSelectorConfig`). The selector runs only when the local layer
+found no available replica (selective pushing) and compares, per request, an estimated TTFT of
+
+* **staying** (holding the request in this LB's queue) —
+  ``w_prefill·t_p·(L − L_hit_local) + q̂·t_p·(Q_lb + Σ_r Q_r) / n_replicas`` with ``Q_lb`` the tokens
+  queued at this LB (``RegionRouter.set_queue`` / ``heartbeat(queued_tokens=)``) and ``Q_r`` each
+  local replica's queued tokens (reported waiting + dispatches the report has not seen);
+* **forwarding** to each available peer ``p`` (fresh heartbeat, ≥ 1 available replica, LB queue ≤ τ) —
+  ``w_rtt·RTT(p) + w_prefill·t_p(p)·(L − L_hit(p)) [+ q̂·W(p)]``.
+
+``L_hit`` is the regional snapshot's match (what this LB already forwarded there) in tokens at
+``chars_per_token``; ``RTT(p)`` is an EWMA of real probe samples (:meth:`CostSelector.observe_rtt`),
+else the heartbeat's RTT, else ``unknown_rtt_s``; ``t_p(p)`` is the t_p the peer advertises in its
+heartbeat (``extra["t_p_s"]``), else this region's online estimate. The lowest cost wins; if staying
+is cheapest the request is held (GORGO: "the request can optionally stay in the local region
+depending on the queue-size estimate").
+
+The remote queue ``W(p)`` is what distinguishes the two presets:
+
+* ``GORGO_COST`` (``remote_queue=False``): GORGO's code leaves the peer's queue out;
+* ``GEOPREFIX_COST`` (the default, ``remote_queue=True``):
+  ``W(p) = t_p(p) · (Q_p + Q_fwd) · (1 + age/staleness_scale_s) / R_p`` — ``Q_p`` the tokens queued at
+  the peer's LB (``extra["queued_tokens"]``, else ``queue_len ×`` mean prompt), ``Q_fwd`` the prompt
+  tokens this LB forwarded there *after* the heartbeat beyond the first ``available_replicas`` of
+  them (those went to the replicas the heartbeat reported free), ``R_p`` its replica count
+  (``extra["replicas"]``, else ``available_replicas``), and the factor inflates an old report (a
+  queue seen ``age`` seconds ago has had time to grow). Matches are discounted by their own age
+  (``0.5 ** (age/match_half_life_s)``) and ignored below ``min_match_chars``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Deque, Dict, Hashable, List, Optional, Tuple
+
+from pydantic import Field
+
+from .config import _Strict
+from .ttft_model import TtftModel, TtftModelConfig
+
+__all__ = ["CostSelectorConfig", "CostSelector", "RttTable", "match_age", "GORGO_COST", "GEOPREFIX_COST"]
+
+
+class CostSelectorConfig(_Strict):
+    remote_queue: bool = Field(True, description="count the peer's queue (GeoPrefix); False = GORGO")
+    w_rtt: float = Field(1.0, ge=0.0)
+    w_prefill: float = Field(1.0, ge=0.0)
+    q_hat: float = Field(1.0, ge=0.0, description="weight of queue-wait terms (GORGO's q̂)")
+    chars_per_token: float = Field(4.0, gt=0.0)
+    min_match_chars: int = Field(0, ge=0, description="snapshot/local matches shorter than this are ignored")
+    match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: off)")
+    staleness_scale_s: Optional[float] = Field(None, gt=0.0, description="inflate a peer queue by (1 + age/scale) (None: off)")
+    rtt_alpha: float = Field(0.3, gt=0.0, le=1.0, description="EWMA weight of a new RTT probe sample")
+    unknown_rtt_s: float = Field(0.25, ge=0.0, description="RTT assumed for a peer never measured")
+    stay_local: bool = Field(True, description="hold locally when staying is estimated cheaper than any forward")
+    ttft: TtftModelConfig = TtftModelConfig()
+
+
+GORGO_COST = {"remote_queue": False}
+GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0}
+
+
+def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Optional[float]:
+    """Seconds since ``target`` was last sent the matched prefix of length ``chars`` (None: unknown).
+
+    Reads the matched block's per-target access time in the prefix index (an insert touches the whole
+    path, so it is when this prefix last went to ``target``).
+    """
+    ends = prepared.ends
+    lo, hi = 0, len(ends) - 1
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if ends[mid] < chars:
+            lo = mid + 1
+        elif ends[mid] > chars:
+            hi = mid - 1
+        else:
+            node = index._nodes.get(prepared.keys[mid])
+            t = None if node is None else node.targets.get(target)
+            return None if t is None else max(0.0, now - t)
+    return None
+
+
+def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, min_match_chars: int,
+                    half_life_s: Optional[float], index=None, prepared=None, now: float = 0.0) -> Dict[Hashable, float]:
+    """Matched characters → estimated cached tokens (min-length rule, age discount, capped at L)."""
+    out = {}
+    for t, chars in match.items():
+        if chars < max(1, min_match_chars):
+            continue
+        w = 1.0
+        if half_life_s is not None and index is not None:
+            age = match_age(index, prepared, t, chars, now)
+            if age:
+                w = 0.5 ** (age / half_life_s)
+        out[t] = min(float(L), chars / chars_per_token) * w
+    return out
+
+
+class RttTable:
+    """EWMA of measured RTTs per region."""
+
+    def __init__(self, alpha: float = 0.3):
+        self.alpha = alpha
+        self._v: Dict[str, float] = {}
+
+    def observe(self, region: str, seconds: float) -> float:
+        s = float(seconds)
+        if not (s >= 0.0 and math.isfinite(s)):
+            raise ValueError(f"RTT sample for {region!r} must be a finite number >= 0, got {seconds!r}")
+        old = self._v.get(region)
+        v = s if old is None else old + self.alpha * (s - old)
+        self._v[region] = v
+        return v
+
+    def get(self, region: str) -> Optional[float]:
+        return self._v.get(region)
+
+    def forget(self, region: str) -> None:
+        self._v.pop(region, None)
+
+
+class CostSelector:
+    """TTFT-cost choice among staying and the available peers (see the module docstring)."""
+
+    def __init__(self, config: Optional[CostSelectorConfig] = None):
+        if isinstance(config, dict):
+            config = CostSelectorConfig.model_validate(config)
+        self.config = config or CostSelectorConfig()
+        self.rtt = RttTable(self.config.rtt_alpha)
+        self.ttft = TtftModel(self.config.ttft)  # used when the local policy has no TTFT model
+        self._fwd: Dict[str, Deque[Tuple[float, int]]] = {}
+        self.last_costs: Dict[Optional[str], float] = {}
+
+    # ------------------------------------------------------------ inputs
+    def observe_rtt(self, region: str, seconds: float) -> float:
+        return self.rtt.observe(region, seconds)
+
+    def on_forward(self, req, region: str, now: float) -> None:
+        q = self._fwd.get(region)
+        if q is None:
+            q = self._fwd[region] = deque(maxlen=4096)
+        q.append((now, req.prompt_tokens))
+
+    def forget(self, region: str) -> None:
+        self._fwd.pop(region, None)
+        self.rtt.forget(region)
+
+    # ------------------------------------------------------------ estimates
+    def _model(self, router) -> TtftModel:
+        m = getattr(router.local, "ttft", None)
+        return m if isinstance(m, TtftModel) else self.ttft
+
+    def local_t_p(self, router) -> float:
+        return self._model(router).t_p()
+
+    def _mean_prompt(self, router, req) -> float:
+        m = getattr(router.local, "mean_prompt_tokens", None)
+        return float(m) if m else float(req.prompt_tokens)
+
+    def rtt_of(self, router, region: str) -> float:
+        v = self.rtt.get(region)
+        if v is None:
+            p = router.peers.get(region)
+            v = p.rtt_s if p is not None and p.rtt_s is not None else self.config.unknown_rtt_s
+        return v
+
+    def peer_t_p(self, router, region: str) -> float:
+        p = router.peers.get(region)
+        v = p.extra.get("t_p_s") if p is not None and p.extra else None
+        if isinstance(v, (int, float)) and math.isfinite(v) and v > 0:
+            return float(v)
+        return self.local_t_p(router)
+
+    def local_queue_tokens(self, router, req) -> float:
+        local = router.local
+        mean = self._mean_prompt(router, req)
+        q = router.queued_tokens if router.queued_tokens is not None else router.queue_len * mean
+        qt = getattr(local, "queued_tokens", None)
+        for t in local.targets:
+            if qt is not None:
+                q += qt(t)
+            else:
+                s = local.tracker.stats(t)
+                q += (s.num_waiting if s is not None else 0) * mean + local.tracker.unseen(t) * mean
+        return q
+
+    def local_cost(self, router, req, now: float) -> Optional[float]:
+        """Estimated TTFT of holding the request here; None if staying is not an option."""
+        cfg = self.config
+        allowed = req.allowed_regions
+        if allowed is not None and router.region not in allowed:
+            return None
+        local = router.local
+        n = len(local.targets)
+        if n == 0:
+            return None
+        tp = self.local_t_p(router)
+        hit = 0.0
+        index = getattr(local, "index", None)
+        if index is not None:
+            p = local.prepared(req) if hasattr(local, "prepared") else index.prepare(req.text)
+            hits = discounted_hits(index.match(p, local.targets), req.prompt_tokens, cfg.chars_per_token,
+                                   cfg.min_match_chars, cfg.match_half_life_s, index, p, now)
+            hit = max(hits.values(), default=0.0)
+        wait = tp * self.local_queue_tokens(router, req) / n
+        return cfg.w_prefill * tp * max(0.0, req.prompt_tokens - hit) + cfg.q_hat * wait
+
+    def remote_wait(self, router, req, region: str, now: float) -> float:
+        cfg = self.config
+        p = router.peers[region]
+        tp = self.peer_t_p(router, region)
+        ex = p.extra or {}
+        qtok = ex.get("queued_tokens")
+        q = float(qtok) if isinstance(qtok, (int, float)) and qtok >= 0 else p.queue_len * self._mean_prompt(router, req)
+        sent = [tok for (t, tok) in self._fwd.get(region, ()) if t > p.timestamp]
+        q += sum(sent[max(0, p.available_replicas):])
+        reps = ex.get("replicas")
+        r = reps if isinstance(reps, int) and reps > 0 else max(1, p.available_replicas)
+        stale = 1.0
+        if cfg.staleness_scale_s is not None:
+            stale += max(0.0, now - p.timestamp) / cfg.staleness_scale_s
+        return tp * q * stale / r
+
+    def peer_costs(self, router, req, peers: List[str], now: float):
+        cfg = self.config
+        snap = router.snapshot
+        prep = router._prepared(req)
+        raw = snap.match(prep, peers)
+        hits = discounted_hits(raw, req.prompt_tokens, cfg.chars_per_token, cfg.min_match_chars,
+                               cfg.match_half_life_s, snap, prep, now)
+        costs = {}
+        for r in peers:
+            tp = self.peer_t_p(router, r)
+            c = cfg.w_rtt * self.rtt_of(router, r) + cfg.w_prefill * tp * max(0.0, req.prompt_tokens - hits.get(r, 0.0))
+            if cfg.remote_queue:
+                c += cfg.q_hat * self.remote_wait(router, req, r, now)
+            costs[r] = c
+        return costs, raw, hits
+
+    # ------------------------------------------------------------ decision
+    def select(self, router, req, peers: List[str], now: float):
+        """(region, matched chars, reason), or (None, 0, reason) to hold the request here."""
+        costs, raw, hits = self.peer_costs(router, req, peers, now)
+        best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))
+        stay = self.local_cost(router, req, now) if self.config.stay_local else None
+        self.last_costs = dict(costs)
+        self.last_costs[None] = stay if stay is not None else math.inf
+        if stay is not None and stay <= costs[best]:
+            return None, 0, "stay_cheaper"
+        return best, raw.get(best, 0) if best in hits else 0, "cost"
+
+    def heartbeat_extra(self, router, queued_tokens: Optional[float]) -> dict:
+        ex = {"replicas": len(router.local.targets), "t_p_s": self.local_t_p(router)}
+        if queued_tokens is not None:
+            ex["queued_tokens"] = float(queued_tokens)
+        return ex
