@@ -131,9 +131,9 @@ def _get(m, key):
     return m.get(key)
 
 
-def summary_table(rows: Sequence[Dict[str, Any]], label: str = "system") -> str:
+def summary_table(rows: Sequence[Dict[str, Any]], label: str = "system", header: str = "system") -> str:
     """A plain-text table, one row per run summary (``label`` = the first column's key)."""
-    cols = [(label if i == 0 else h, label if i == 0 else k, f) for i, (h, k, f) in enumerate(_COLS)]
+    cols = [(header if i == 0 else h, label if i == 0 else k, f) for i, (h, k, f) in enumerate(_COLS)]
     table = [[h for h, _, _ in cols]]
     for m in rows:
         line = []

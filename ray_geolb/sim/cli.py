@@ -1,0 +1,239 @@
+"""``python -m ray_geolb simulate``: run the multi-region simulator from the command line.
+
+Examples::
+
+    python -m ray_geolb simulate --workload tot --policy skylb,ll,sgl --regions us=4,eu=4,asia=4 \\
+        --duration 120 --out out/tot
+    python -m ray_geolb simulate --scenario skylb-fig9 --out out/fig9
+    python -m ray_geolb simulate --scenario skylb-fig8 --scale 0.5 --duration 60 --ray --out out/fig8
+    python -m ray_geolb simulate --workload trace:ray_geolb/data/azure_conv_2000.csv --policy skylb,p2c --out out/trace
+
+Writes ``DIR/results.json`` (sorted keys, rounded floats: byte-identical for the same seed),
+``DIR/summary.txt`` (the table printed on stdout) and ``DIR/<name>.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List
+
+__all__ = ["add_simulate_parser", "run_simulate", "main"]
+
+
+def _names_help() -> str:
+    from .deploy import system_names
+
+    return ", ".join(system_names())
+
+
+def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
+    from .scenarios import scenario_names
+    from .workloads import WORKLOAD_NAMES
+
+    sp = subparsers.add_parser(
+        "simulate", help="multi-region discrete-event simulator (policies x workloads x scenarios)",
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    sp.add_argument("--scenario", choices=scenario_names(), default=None,
+                    help="a named experiment (overrides --workload/--policy/--regions)")
+    sp.add_argument("--workload", default="tot", help=f"workload: {', '.join(WORKLOAD_NAMES)} (default tot)")
+    sp.add_argument("--policy", default="skylb",
+                    help=f"comma-separated systems ({_names_help()}) or policy names (run on per-region LBs)")
+    sp.add_argument("--regions", default="us=4,eu=4,asia=4", help="replicas per region, e.g. us=4,eu=4,asia=4")
+    sp.add_argument("--clients", default=None, help="clients per region for closed-loop workloads, e.g. us=40,eu=20,asia=20")
+    sp.add_argument("--seed", type=int, default=0, help="random seed (workload + simulator)")
+    sp.add_argument("--seeds", default=None, help="comma-separated seeds (a sweep; overrides --seed)")
+    sp.add_argument("--duration", type=float, default=None, help="simulated seconds per run (default 120; scenarios have their own)")
+    sp.add_argument("--max-programs", type=int, default=None, help="stop starting programs after this many")
+    sp.add_argument("--drain", action="store_true", help="finish requests in flight at the end instead of cutting off")
+    sp.add_argument("--scale", type=float, default=None, help="scenario size factor (clients and replicas); 1 = paper size")
+    sp.add_argument("--profile", default=None, help="engine profile (default llama3.1-8b-l4)")
+    sp.add_argument("--stats-period", type=float, default=None, help="replica stats period (s, default 0.5)")
+    sp.add_argument("--stats-lag", type=float, default=None, help="replica stats delivery lag (s, default 0.3)")
+    sp.add_argument("--heartbeat", type=float, default=None, help="LB heartbeat period (s, default 0.5)")
+    sp.add_argument("--data-dir", default=None, help="directory with full data files (sharegpt / wildchat / gsm8k)")
+    sp.add_argument("--out", default=None, help="output directory (results.json, summary.txt, PNG)")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
+    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+    sp.set_defaults(func=run_simulate, _simulate_parser=sp)
+    return sp
+
+
+def _parse_counts(parser, flag: str, spec: str):
+    from .deploy import parse_regions
+
+    try:
+        return parse_regions(spec)
+    except ValueError as e:
+        parser.error(f"{flag}: {e}")
+
+
+def _build_runs(args, parser) -> List[dict]:
+    from ray_geolb.policy.config import policy_names
+
+    from .deploy import SYSTEMS
+    from .profiles import PROFILES
+    from .scenarios import build_workload, scenario_runs
+
+    if args.duration is not None and not args.duration > 0:
+        parser.error(f"--duration must be > 0, got {args.duration}")
+    if args.max_programs is not None and args.max_programs < 1:
+        parser.error(f"--max-programs must be >= 1, got {args.max_programs}")
+    if args.profile is not None and args.profile not in PROFILES:
+        parser.error(f"--profile: unknown engine profile {args.profile!r}; known: {', '.join(sorted(PROFILES))}")
+    if args.scale is not None and not args.scale > 0:
+        parser.error(f"--scale must be > 0, got {args.scale}")
+    for flag, v in (("--stats-period", args.stats_period), ("--heartbeat", args.heartbeat)):
+        if v is not None and not v > 0:
+            parser.error(f"{flag} must be > 0, got {v}")
+    if args.stats_lag is not None and args.stats_lag < 0:
+        parser.error(f"--stats-lag must be >= 0, got {args.stats_lag}")
+    if args.data_dir is not None and not os.path.isdir(args.data_dir):
+        parser.error(f"--data-dir {args.data_dir!r} is not a directory")
+    seeds = [args.seed]
+    if args.seeds:
+        try:
+            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        except ValueError:
+            parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+        if not seeds:
+            parser.error("--seeds: no seed given")
+    deploy_over = {}
+    if args.profile:
+        deploy_over["profile"] = args.profile
+    if args.stats_period is not None:
+        deploy_over["stats_period_s"] = args.stats_period
+    if args.stats_lag is not None:
+        deploy_over["stats_lag_s"] = args.stats_lag
+    if args.heartbeat is not None:
+        deploy_over["heartbeat_s"] = args.heartbeat
+
+    if args.scenario:
+        runs = []
+        for seed in seeds:
+            try:
+                rs = scenario_runs(args.scenario, scale=args.scale, duration_s=args.duration, seed=seed,
+                                   profile=args.profile, data_dir=args.data_dir)
+            except ValueError as e:
+                parser.error(f"--scenario {args.scenario}: {e}")
+            for r in rs:
+                r["deploy"].update(deploy_over)
+                if args.max_programs:
+                    r["sim"]["max_programs"] = args.max_programs
+                if args.drain:
+                    r["sim"]["drain"] = True
+                if len(seeds) > 1:
+                    r["label"] = f"seed{seed}/{r['label']}"
+            runs.extend(rs)
+        return runs
+
+    systems = [s.strip() for s in args.policy.split(",") if s.strip()]
+    if not systems:
+        parser.error("--policy: no system given")
+    known_pol = set(policy_names())
+    for s in systems:
+        if s not in SYSTEMS and s not in known_pol:
+            parser.error(f"--policy: unknown system or policy {s!r}; systems: {_names_help()}; "
+                         f"policies: {', '.join(sorted(known_pol))}")
+    replicas = _parse_counts(parser, "--regions", args.regions)
+    from .network import RegionNetwork
+
+    net_regions = RegionNetwork.default().regions
+    bad = [r for r in replicas if r not in net_regions]
+    if bad:
+        parser.error(f"--regions: unknown region(s) {bad}; the default network has {net_regions}")
+    kw = {}
+    wname = args.workload
+    if args.clients:
+        clients = _parse_counts(parser, "--clients", args.clients)
+        bad = [r for r in clients if r not in net_regions]
+        if bad:
+            parser.error(f"--clients: unknown region(s) {bad}; the default network has {net_regions}")
+        kw["clients"] = clients
+    if wname.startswith("trace:"):
+        path = wname.partition(":")[2]
+        if not path or not os.path.exists(path):
+            parser.error(f"--workload trace:PATH: file {path!r} not found")
+        kw.pop("clients", None)
+        kw["region_of"] = [r for r, n in replicas.items() if n > 0]
+    elif wname in ("prefix-repetition", "prefix_repetition"):
+        kw.setdefault("num_replicas", sum(replicas.values()))
+        if "clients" in kw:
+            parser.error("--clients does not apply to prefix-repetition (its concurrency is 32 per replica)")
+    runs = []
+    duration = args.duration if args.duration is not None else 120.0
+    for seed in seeds:
+        wspec = {"name": wname, "kw": dict(kw, seed=seed)}
+        if args.data_dir:
+            wspec["data_dir"] = args.data_dir
+        try:  # validate the workload once, here, so a bad name is an argparse error
+            if seed == seeds[0]:
+                build_workload(wspec)
+        except (ValueError, TypeError, OSError) as e:
+            parser.error(f"--workload {wname!r}: {e}")
+        for s in systems:
+            runs.append({"label": (f"seed{seed}/{s}" if len(seeds) > 1 else s), "group": wname, "system": s,
+                         "replicas": replicas, "workload": wspec,
+                         "sim": {"duration_s": duration, "seed": seed, "max_programs": args.max_programs,
+                                 "drain": bool(args.drain)},
+                         "deploy": dict(deploy_over), "scenario": "simulate"})
+    return runs
+
+
+def run_simulate(args) -> int:
+    from .metrics import dumps, summary_table
+    from .sweep import run_many
+
+    parser = getattr(args, "_simulate_parser", None) or argparse.ArgumentParser(prog="simulate")
+    runs = _build_runs(args, parser)
+    t0 = time.perf_counter()
+    try:
+        results = run_many(runs, ray=args.ray, address=args.address, progress=args.progress)
+    except ValueError as e:  # a bad combination discovered while building a deployment
+        parser.error(str(e))
+    wall = time.perf_counter() - t0
+    name = args.scenario or "simulate"
+    tables = []
+    groups: dict = {}
+    for m in results:
+        groups.setdefault(m.get("group", ""), []).append(m)
+    for g, ms in groups.items():
+        for m in ms:
+            m["_row"] = m["label"].rsplit("/", 1)[-1]
+        tables.append(f"== {name}: {g}\n" + summary_table(ms, label="_row"))
+    for m in results:
+        m.pop("_row", None)
+    text = "\n\n".join(tables)
+    print(text)
+    sim_req = sum(m["counters"]["requests_completed"] for m in results)
+    print(f"\n{len(results)} runs, {sim_req} simulated requests completed, {wall:.1f} s wall", file=sys.stderr)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            f.write(dumps({"scenario": name, "runs": results}))
+        with open(os.path.join(args.out, "summary.txt"), "w") as f:
+            f.write(text + "\n")
+        try:
+            from .plots import plot_summaries
+
+            png = plot_summaries(results, os.path.join(args.out, f"{name}.png"), title=name)
+            print(f"wrote {os.path.join(args.out, 'results.json')}, {png}", file=sys.stderr)
+        except ImportError as e:  # matplotlib missing: results are still written
+            print(f"no plot ({e})", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ray_geolb.sim.cli")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_simulate_parser(sub)
+    args = ap.parse_args(["simulate", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,187 @@
+"""Named experiments: SkyLB Fig. 8 / 9 / 10 and the Ray Serve prefix-router blog, as lists of runs.
+
+A run is a plain dict (JSON-able, so it can be shipped to a Ray task)::
+
+    {"label": "tot/skylb", "group": "tot", "system": "skylb", "replicas": {"us": 4, ...},
+     "workload": {"name": "tot", "kw": {...}}, "sim": {"duration_s": 120, "seed": 0, ...},
+     "deploy": {...DeploymentSpec overrides...}}
+
+and :func:`run_one` turns one into a metrics summary (see ``metrics.summarize``) plus ``ttft_cdf``
+(101 quantiles, for plots). Everything is a pure function of the run dict.
+
+Scenarios (``SCENARIOS``):
+
+* ``skylb-fig8``: multi-region macro-benchmark. Panels: ``conv-sharegpt`` (ShareGPT conversations
+  standing in for ChatBot Arena: 80 clients per region, replicas 4/4/4), ``conv-wildchat`` (WildChat,
+  40/30/30 clients, unbalanced replicas 3/3/2), ``tot`` (2-branch ToT, 40/20/20 clients, 4/4/4),
+  ``mixed-tot`` (US 2 clients x 4-branch, EU/Asia 20 x 2-branch, 4/4/4). Systems: SkyLB, SkyLB-CH,
+  one-LB-in-the-US RR / LL / CH / SGL, plus P2C, Ray prefix and the oracle.
+* ``skylb-fig9``: one region, 4 replicas, 30 clients, ToT 2-branch: BP vs SP-O vs SP-P (SGLang router).
+* ``skylb-fig10``: diurnal skew (US 120, EU 40, Asia 40 clients, conversations), 6 / 9 / 12 replicas
+  evenly spread: region-local vs SkyLB.
+* ``ray-blog-prefix``: PrefixRepetition (512-token prefixes, 128-token suffixes, 128 output, 32
+  prefixes and 512 prompts per replica, concurrency 32 per replica) at 1, 2, 4, 8 replicas in one
+  region: Ray prefix router and SkyLB vs power of two. Runs until every prompt is answered.
+
+``scale`` multiplies client counts and replica counts (rounded, at least 1 per region that has
+any); ``scale=1`` is the paper's size. ``duration_s`` is the simulated time per run.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any, Callable, Dict, List, Optional
+
+__all__ = ["SCENARIOS", "scenario_runs", "run_one", "build_workload", "scenario_names", "DEFAULT_SCALE"]
+
+FIG8_SYSTEMS = ["skylb", "skylb-ch", "rr", "ll", "ch", "sgl", "p2c", "ray-prefix", "oracle"]
+DEFAULT_SCALE = {"skylb-fig8": 1.0, "skylb-fig9": 1.0, "skylb-fig10": 1.0, "ray-blog-prefix": 1.0}
+DEFAULT_DURATION = {"skylb-fig8": 120.0, "skylb-fig9": 120.0, "skylb-fig10": 120.0, "ray-blog-prefix": 3600.0}
+
+
+def _scaled(d: Dict[str, int], scale: float) -> Dict[str, int]:
+    return {k: (max(1, int(round(v * scale))) if v > 0 else 0) for k, v in d.items()}
+
+
+def _run(label, group, system, replicas, workload, sim, deploy=None) -> dict:
+    return {"label": label, "group": group, "system": system, "replicas": dict(replicas),
+            "workload": workload, "sim": dict(sim), "deploy": dict(deploy or {})}
+
+
+def _fig8(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    panels = [
+        ("conv-sharegpt", {"name": "conversation:sharegpt", "kw": {"clients": {"us": 80, "eu": 80, "asia": 80}}},
+         {"us": 4, "eu": 4, "asia": 4}),
+        ("conv-wildchat", {"name": "conversation:wildchat", "kw": {"clients": {"us": 40, "eu": 30, "asia": 30}}},
+         {"us": 3, "eu": 3, "asia": 2}),
+        ("tot", {"name": "tot", "kw": {"branching": 2, "clients": {"us": 40, "eu": 20, "asia": 20}}},
+         {"us": 4, "eu": 4, "asia": 4}),
+        ("mixed-tot", {"name": "mixed-tot", "kw": {"clients": {"us": 2, "eu": 20, "asia": 20},
+                                                   "branching": {"us": 4, "eu": 2, "asia": 2}}},
+         {"us": 4, "eu": 4, "asia": 4}),
+    ]
+    runs = []
+    for group, wl, reps in panels:
+        wl = {"name": wl["name"], "kw": dict(wl["kw"], clients=_scaled(wl["kw"]["clients"], scale), seed=seed)}
+        for s in systems or FIG8_SYSTEMS:
+            runs.append(_run(f"{group}/{s}", group, s, _scaled(reps, scale), wl,
+                             {"duration_s": duration, "seed": seed}, {"profile": profile} if profile else None))
+    return runs
+
+
+def _fig9(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    wl = {"name": "tot", "kw": {"branching": 2, "clients": _scaled({"us": 30}, scale), "seed": seed}}
+    return [_run(f"tot-1region/{s}", "tot-1region", s, _scaled({"us": 4}, scale), wl,
+                 {"duration_s": duration, "seed": seed}, {"profile": profile} if profile else None)
+            for s in systems or ["bp", "sp-o", "sp-p"]]
+
+
+def _fig10(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    wl = {"name": "diurnal", "kw": {"clients": _scaled({"us": 120, "eu": 40, "asia": 40}, scale), "seed": seed}}
+    runs = []
+    for per in (2, 3, 4):
+        reps = _scaled({"us": per, "eu": per, "asia": per}, scale)
+        n = sum(reps.values())
+        for s in systems or ["region-local", "skylb"]:
+            runs.append(_run(f"{n}rep/{s}", f"{n} replicas", s, reps, wl,
+                             {"duration_s": duration, "seed": seed}, {"profile": profile} if profile else None))
+    return runs
+
+
+def _blog(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    runs = []
+    for n in (1, 2, 4, 8):
+        ppr = max(1, int(round(512 * scale)))
+        wl = {"name": "prefix-repetition", "kw": {"num_replicas": n, "prompts_per_replica": ppr, "seed": seed}}
+        for s in systems or ["p2c", "ray-prefix", "skylb"]:
+            runs.append(_run(f"{n}rep/{s}", f"{n} replicas", s, {"us": n}, wl,
+                             {"duration_s": duration, "seed": seed, "drain": True},
+                             {"profile": profile} if profile else None))
+    return runs
+
+
+SCENARIOS: Dict[str, Callable[..., List[dict]]] = {
+    "skylb-fig8": _fig8,
+    "skylb-fig9": _fig9,
+    "skylb-fig10": _fig10,
+    "ray-blog-prefix": _blog,
+}
+
+
+def scenario_names() -> List[str]:
+    return sorted(SCENARIOS)
+
+
+def scenario_runs(name: str, scale: Optional[float] = None, duration_s: Optional[float] = None, seed: int = 0,
+                  systems: Optional[List[str]] = None, profile: Optional[str] = None,
+                  data_dir: Optional[str] = None) -> List[dict]:
+    if name not in SCENARIOS:
+        raise ValueError(f"unknown scenario {name!r}; known: {', '.join(scenario_names())}")
+    scale = DEFAULT_SCALE[name] if scale is None else scale
+    if not scale > 0:
+        raise ValueError(f"scale must be > 0, got {scale!r}")
+    duration = DEFAULT_DURATION[name] if duration_s is None else duration_s
+    runs = SCENARIOS[name](scale, duration, seed, systems, profile)
+    for r in runs:
+        r["scenario"] = name
+        if data_dir:
+            r["workload"]["data_dir"] = data_dir
+    return runs
+
+
+# ---------------------------------------------------------------------------------------- workloads
+_DATA_PATTERNS = {
+    "sharegpt": ["*sharegpt*.json", "*sharegpt*.jsonl", "*sharegpt*.json.gz", "*sharegpt*.jsonl.gz", "*ShareGPT*.json"],
+    "wildchat": ["*wildchat*.jsonl", "*wildchat*.jsonl.gz", "*wildchat*.json", "*WildChat*.jsonl*"],
+    "gsm8k": ["*gsm8k*.jsonl", "test.jsonl", "*gsm8k*.jsonl.gz"],
+}
+
+
+def _data_file(data_dir: str, kind: str) -> str:
+    if not os.path.isdir(data_dir):
+        raise ValueError(f"--data-dir {data_dir!r} is not a directory")
+    for pat in _DATA_PATTERNS[kind]:
+        hits = sorted(glob.glob(os.path.join(data_dir, pat)))
+        if hits:
+            return hits[0]
+    raise ValueError(f"--data-dir {data_dir!r} has no {kind} file (looked for {', '.join(_DATA_PATTERNS[kind])})")
+
+
+def build_workload(spec: Dict[str, Any]):
+    """``{"name": workload name (see workloads.WORKLOAD_NAMES), "kw": {...}, "data_dir": optional}``."""
+    from .workloads import by_name
+
+    name = spec["name"]
+    kw = dict(spec.get("kw", {}))
+    data_dir = spec.get("data_dir")
+    if data_dir and "path" not in kw:
+        base, _, arg = name.partition(":")
+        if base == "conversation":
+            kw["path"] = _data_file(data_dir, arg or kw.get("source", "sharegpt"))
+        elif base in ("tot", "mixed-tot", "mixed_tot"):
+            kw["path"] = _data_file(data_dir, "gsm8k")
+        elif base == "diurnal" and (arg or "conversation") == "conversation":
+            kw["path"] = _data_file(data_dir, kw.get("source", "sharegpt"))
+        elif base == "diurnal" and arg == "tot":
+            kw["path"] = _data_file(data_dir, "gsm8k")
+    return by_name(name, **kw)
+
+
+def run_one(run: Dict[str, Any], progress=None) -> Dict[str, Any]:
+    """Simulate one run dict and return its summary (+ ``label``, ``group``, ``ttft_cdf``)."""
+    from .deploy import deployment_for
+    from .metrics import summarize
+    from .simulator import SimConfig, simulate
+
+    wl = build_workload(run["workload"])
+    dep = deployment_for(run["system"], run["replicas"], **dict(run.get("deploy") or {}))
+    res = simulate(wl, dep, SimConfig(**run["sim"]), progress=progress)
+    m = summarize(res)
+    ttft = sorted(r[1] for r in res.requests)
+    m["ttft_cdf"] = [ttft[min(len(ttft) - 1, int(round(q / 100 * (len(ttft) - 1))))] for q in range(101)] if ttft else []
+    m["label"] = run["label"]
+    m["group"] = run.get("group", "")
+    m["scenario"] = run.get("scenario", "")
+    m["run"] = {k: run[k] for k in ("system", "replicas", "workload", "sim", "deploy") if k in run}
+    return m

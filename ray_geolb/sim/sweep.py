@@ -1,0 +1,138 @@
+"""Run many simulations: sequentially, or as Ray tasks (one task per run).
+
+``run_many(runs, ray=True)`` starts ``ray.init(address="local", num_cpus=2, include_dashboard=False)``
+(a fresh local cluster of its own, never an existing one by accident); ``address=...`` joins an
+existing cluster instead. A run is a plain dict (see ``scenarios``), a simulation is a pure function
+of it, so the Ray results are identical to the sequential ones (tested). Ray is imported lazily,
+only inside these functions.
+
+``grid(systems, seeds, replica_sets, workload, sim)`` builds the systems x seeds x replica-counts runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+from .scenarios import run_one
+
+__all__ = ["run_many", "grid", "ProgressBar"]
+
+
+class ProgressBar:
+    """A plain stderr progress bar (tqdm if installed), ``update(done_fraction, note)``."""
+
+    def __init__(self, total: float, desc: str = "", enabled: bool = True, stream=None):
+        self.total = max(total, 1e-9)
+        self.desc = desc
+        self.enabled = enabled
+        self.stream = stream or sys.stderr
+        self._last = -1
+        self._tq = None
+        if enabled:
+            try:
+                from tqdm import tqdm  # noqa: F401
+
+                self._tq = tqdm(total=100, desc=desc, file=self.stream, leave=True)
+            except ImportError:
+                self._tq = None
+
+    def update(self, done: float, note: str = "") -> None:
+        if not self.enabled:
+            return
+        pct = int(100 * min(1.0, done / self.total))
+        if pct == self._last:
+            return
+        if self._tq is not None:
+            self._tq.update(pct - max(0, self._last))
+            if note:
+                self._tq.set_postfix_str(note)
+        else:
+            n = pct // 4
+            self.stream.write(f"\r{self.desc} [{'#' * n}{'.' * (25 - n)}] {pct:3d}% {note}")
+            self.stream.flush()
+        self._last = pct
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._tq is not None:
+            self._tq.close()
+        else:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def grid(systems: Sequence[str], seeds: Sequence[int], replica_sets: Sequence[Dict[str, int]],
+         workload: Dict[str, Any], sim: Dict[str, Any], deploy: Optional[Dict[str, Any]] = None) -> List[dict]:
+    runs = []
+    for reps in replica_sets:
+        n = sum(reps.values())
+        for seed in seeds:
+            wl = {"name": workload["name"], "kw": dict(workload.get("kw", {}), seed=seed)}
+            if workload.get("data_dir"):
+                wl["data_dir"] = workload["data_dir"]
+            for s in systems:
+                runs.append({"label": f"{n}rep/seed{seed}/{s}", "group": f"{n} replicas", "system": s,
+                             "replicas": dict(reps), "workload": wl, "sim": dict(sim, seed=seed),
+                             "deploy": dict(deploy or {})})
+    return runs
+
+
+def _remote_run(run):
+    return run_one(run)
+
+
+def run_many(runs: List[dict], ray: bool = False, address: Optional[str] = None, progress: bool = True,
+             num_cpus: int = 2, on_result: Optional[Callable[[int, dict], None]] = None) -> List[dict]:
+    """Results in the order of ``runs``."""
+    n = len(runs)
+    if not ray and not address:
+        out = []
+        for i, r in enumerate(runs):
+            bar = ProgressBar(r["sim"]["duration_s"], f"[{i + 1}/{n}] {r['label']}", enabled=progress)
+            t0 = time.perf_counter()
+            m = run_one(r, progress=(lambda t, b=bar: b.update(t)) if progress else None)
+            bar.update(r["sim"]["duration_s"], f"{time.perf_counter() - t0:.1f}s wall")
+            bar.close()
+            out.append(m)
+            if on_result:
+                on_result(i, m)
+        return out
+
+    import ray as ray_mod
+
+    started = False
+    if not ray_mod.is_initialized():
+        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env = {"env_vars": {"PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}}
+        if address:
+            ray_mod.init(address=address, runtime_env=env, log_to_driver=False)
+        else:
+            ray_mod.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env,
+                         log_to_driver=False)
+        started = True
+    try:
+        task = ray_mod.remote(num_cpus=1)(_remote_run)
+        refs = [task.remote(r) for r in runs]
+        idx = {ref: i for i, ref in enumerate(refs)}
+        results: List[Optional[dict]] = [None] * n
+        bar = ProgressBar(n, f"{n} runs on Ray", enabled=progress)
+        pending = list(refs)
+        done = 0
+        while pending:
+            ready, pending = ray_mod.wait(pending, num_returns=1)
+            for ref in ready:
+                i = idx[ref]
+                results[i] = ray_mod.get(ref)
+                done += 1
+                bar.update(done, runs[i]["label"])
+                if on_result:
+                    on_result(i, results[i])
+        bar.close()
+        return results  # type: ignore[return-value]
+    finally:
+        if started:
+            ray_mod.shutdown()
