@@ -1,0 +1,418 @@
+"""GORGO, GORGO-proxy, BalanceRoute (vllm_default, jsq_load, br0), FlowKV, GeoPrefix, the online TTFT
+model and the 'cost' peer selector: each formula on small hand-computed cases."""
+
+import random
+
+import pytest
+from pydantic import ValidationError
+
+from ray_geolb.policy import PeerState, RegionRouter, ReplicaStats, RouteRequest, TwoLayerConfig, build_policy
+from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST, CostSelector, RttTable
+from ray_geolb.policy.ttft_model import TtftModel, TtftModelConfig, theil_sen
+
+FIXED = {"block_chars": 64, "growth": 0.0}  # fixed 64-char blocks: matches are exact multiples of 64
+TP = 0.001  # 1 ms per token, so costs are easy to compute by hand
+NEW = ("gorgo", "gorgo_proxy", "vllm_default", "jsq_load", "br0", "flowkv", "geoprefix")
+
+P = "".join(chr(97 + (i * 7) % 26) for i in range(2048))  # 2048-char shared prefix
+
+
+def rq(i, text, **kw):
+    return RouteRequest(f"r{i}", text, **kw)
+
+
+def cost_policy(name="gorgo", targets=("a", "b"), **over):
+    cfg = {"availability": {"mode": "bp"}, "prefix": FIXED, "ttft": {"prior_tp_s": TP, "prior_base_s": 0.1}}
+    cfg.update(over)
+    return build_policy({"name": name, **cfg}, targets=list(targets))
+
+
+# ----------------------------------------------------------------------------- TTFT model
+def test_ttft_model_falls_back_to_gorgo_table1_prior():
+    m = TtftModel()
+    b, s, src = m.line("r0")
+    assert src == "prior" and b == pytest.approx(0.15072) and s == pytest.approx(0.0938e-3)
+    assert m.predict("r0", 1000) == pytest.approx(0.15072 + 0.0938)
+
+
+def test_theil_sen_recovers_a_known_line_from_noisy_samples_with_outliers():
+    rng = random.Random(7)
+    m = TtftModel(TtftModelConfig(window=128, min_samples=8))
+    base, tp = 0.2, 0.0005
+    for i in range(128):
+        x = rng.uniform(100, 8000)
+        y = base + tp * x + rng.gauss(0, 0.01)
+        if i % 5 == 0:  # 20 % outliers: requests that queued for seconds
+            y += rng.uniform(2.0, 20.0)
+        m.observe("r0", x, y)
+    b, s, src = m.line("r0")
+    assert src == "key"
+    assert s == pytest.approx(tp, rel=0.05) and b == pytest.approx(base, abs=0.03)
+    # ordinary least squares on the same data is dragged far off by the outliers
+    xs, ys = zip(*zip(m._w["r0"].xs, m._w["r0"].ys))
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    ols = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    ols_b = my - ols * mx
+    assert abs(ols_b - base) > 0.5 or abs(ols - tp) / tp > 0.2
+
+
+def test_ttft_model_pooled_fallback_window_and_bad_samples():
+    m = TtftModel(TtftModelConfig(window=16, min_samples=4, min_spread_tokens=10))
+    for x in (100, 200, 300, 400):
+        assert m.observe("a", x, 0.1 + 0.001 * x)
+    assert m.line("a")[2] == "key" and m.line("b")[2] == "pooled"  # b has no samples: pooled line
+    assert m.t_p("b") == pytest.approx(0.001)
+    assert not m.observe("a", -1, 0.5) and not m.observe("a", 10, float("nan")) and not m.observe("a", "x", 1)
+    for i in range(40):
+        m.observe("a", 100 + i, 1.0)
+    assert m.samples("a") == 16  # bounded window
+    assert m.line("a")[1] == pytest.approx(0.0, abs=1e-9)  # the line moved with the window (slope clamped >= 0)
+    assert theil_sen([1, 1, 1], [1, 2, 3]) is None  # no x spread: no slope
+
+
+def test_observed_ttfts_reach_the_policy_model_through_on_complete():
+    pol = cost_policy(ttft={"prior_tp_s": TP, "prior_base_s": 0.1, "min_samples": 4, "min_spread_tokens": 10})
+    for i, n in enumerate((400, 800, 1200, 1600, 2000)):
+        req = rq(i, "q%d " % i + "z" * (n * 4 - 4))
+        pol.on_dispatch(req, "a", float(i))
+        pol.on_complete(req.request_id, "a", float(i) + 1, ttft_s=0.05 + 0.0002 * req.prompt_tokens, req=req)
+    b, s, src = pol.ttft.line("a")
+    assert src == "key" and s == pytest.approx(0.0002, rel=0.01) and b == pytest.approx(0.05, abs=1e-3)
+    assert pol.work.count("a") == 0 and pol.tracker.outstanding("a") == 0
+    req = rq(99, "failed " * 100)
+    pol.on_dispatch(req, "b", 9.0)
+    pol.on_complete(req.request_id, "b", 9.5, ttft_s=3.0, ok=False, req=req)
+    assert pol.ttft.samples("b") == 0  # a failed request teaches nothing
+
+
+# ----------------------------------------------------------------------------- GORGO
+def test_gorgo_cost_is_residual_prefill_plus_queue_wait():
+    pol = cost_policy()
+    first = rq(0, P + "a" * 1952)  # 4000 chars = 1000 tokens
+    pol.on_dispatch(first, "a", 0.0)
+    req = rq(1, P + "b" * 1952)
+    costs = pol.costs(req, ["a", "b"], 1.0)
+    # a: residual (1000 - 2048/4) tokens + 1000 queued (unseen, uncached) tokens; b: 1000 tokens, no queue
+    assert costs["a"] == pytest.approx(TP * (1000 - 512) + TP * 1000)
+    assert costs["b"] == pytest.approx(TP * 1000)
+    assert pol.choose(req, 1.0).target == "b"
+    light_q = cost_policy(q_hat=0.3)
+    light_q.on_dispatch(first, "a", 0.0)
+    d = light_q.choose(rq(2, P + "b" * 1952), 1.0)
+    assert d.target == "a" and d.matched == 2048 and d.reason == "gorgo_cost"  # 0.488 + 0.3 < 1.0
+
+
+def test_gorgo_queue_uses_reported_waiting_and_only_unseen_dispatches():
+    pol = cost_policy()
+    pol.on_dispatch(rq(0, "x" * 4000), "a", 0.0)
+    assert pol.queued_tokens("a") == pytest.approx(1000)
+    pol.on_stats("a", ReplicaStats(num_waiting=2, timestamp=0.5))  # the report has seen the dispatch
+    assert pol.queued_tokens("a") == pytest.approx(2 * 1000)  # 2 waiting × mean prompt (1000)
+
+
+def test_gorgo_proxy_adds_each_replicas_rtt_from_the_hook():
+    pol = cost_policy("gorgo_proxy", targets=("us-0", "eu-0"))
+    pol.rtt_of_target = {"us-0": 0.0, "eu-0": 1.2}.get
+    pol.on_dispatch(rq(0, "y" * 4000), "us-0", 0.0)
+    req = rq(1, "z" * 4000)
+    costs = pol.costs(req, ["us-0", "eu-0"], 1.0)
+    assert costs["us-0"] == pytest.approx(TP * 1000 + TP * 1000)
+    assert costs["eu-0"] == pytest.approx(1.2 + TP * 1000)  # 2.2 > 2.0
+    assert pol.choose(req, 1.0).target == "us-0"
+    pol.rtt_of_target = lambda target, r: 0.0 if target.startswith(r.region) else 2.0  # client-region form
+    assert pol.choose(rq(2, "w" * 4000, region="eu"), 1.0).target == "eu-0"
+    pol.rtt_of_target = lambda t: -1.0
+    with pytest.raises(ValueError, match="RTT"):
+        pol.choose(rq(3, "v" * 400), 1.0)
+    with pytest.raises(TypeError, match="rtt_of_target"):
+        pol.rtt_of_target = 3
+
+
+# ----------------------------------------------------------------------------- BalanceRoute
+def test_vllm_default_score_counts_unseen_dispatches_as_waiting():
+    pol = build_policy("vllm_default", targets=["a", "b"])
+    pol.on_stats("a", ReplicaStats(num_waiting=1, num_running=2, timestamp=0.0))  # 4+2 = 6
+    pol.on_stats("b", ReplicaStats(num_waiting=0, num_running=5, timestamp=0.0))  # 5
+    assert pol.score("a") == 6 and pol.score("b") == 5
+    assert pol.choose(rq(0, "hi"), 1.0).target == "b"
+    pol.on_dispatch(rq(0, "hi"), "b", 1.0)  # unseen: 4·1 + 5 = 9
+    assert pol.score("b") == 9 and pol.choose(rq(1, "hi"), 1.0).target == "a"
+
+
+def test_jsq_load_adds_tokens_dispatched_since_the_report():
+    pol = build_policy("jsq_load", targets=["a", "b"])
+    pol.on_stats("a", ReplicaStats(kv_cache_usage=0.5, num_gpu_blocks=100, block_tokens=16, timestamp=0.0))
+    pol.on_stats("b", ReplicaStats(kv_cache_usage=0.4, num_gpu_blocks=100, block_tokens=16, timestamp=0.0))
+    assert pol.choose(rq(0, "x" * 800), 1.0).target == "b"
+    pol.on_dispatch(rq(0, "x" * 800), "b", 1.0)  # +200 tokens: (640 + 200)/1600 = 0.525
+    assert pol.kv_load("b") == pytest.approx(0.525)
+    assert pol.choose(rq(1, "x" * 800), 1.0).target == "a"
+    fresh = build_policy({"name": "jsq_load", "capacity_tokens": 1000}, targets=["c"])
+    fresh.on_dispatch(rq(2, "x" * 400), "c", 0.0)  # no stats: own in-flight tokens / capacity_tokens
+    assert fresh.kv_load("c") == pytest.approx(0.1)
+
+
+def test_br0_marginal_overflow_then_jsq_tie_break():
+    pol = build_policy({"name": "br0", "decode_tps": 0.0}, targets=["a", "b"])
+    cap = dict(num_gpu_blocks=100, block_tokens=10, timestamp=0.0)  # 1000 tokens
+    pol.on_stats("a", ReplicaStats(kv_cache_usage=0.5, **cap))
+    pol.on_stats("b", ReplicaStats(kv_cache_usage=0.7, **cap))
+    pol.on_dispatch(rq(0, "x" * 400, output_tokens_hint=300), "a", 1.0)  # K=500+100, grows by 300: P=900
+    req = rq(1, "y" * 400, output_tokens_hint=100)  # s = 100 + 100
+    assert pol.projected("a", 1.0) == pytest.approx(900)
+    assert pol.overflow("a", req, 1.0) == pytest.approx(100)  # 900 + 200 - 1000
+    assert pol.overflow("b", req, 1.0) == pytest.approx(0)  # 700 + 200 <= 1000
+    assert pol.choose(req, 1.0).target == "b"  # although b's KV load (0.7) > a's (0.6)
+    # outputs already produced shrink the projection: 10 s at 10 tok/s -> grow 200, P=800, F(a)=0
+    pol2 = build_policy({"name": "br0", "decode_tps": 10.0}, targets=["a", "b"])
+    pol2.on_stats("a", ReplicaStats(kv_cache_usage=0.5, **cap))
+    pol2.on_stats("b", ReplicaStats(kv_cache_usage=0.7, **cap))
+    pol2.on_dispatch(rq(0, "x" * 400, output_tokens_hint=300), "a", 1.0)
+    assert pol2.overflow("a", req, 11.0) == 0 and pol2.choose(req, 11.0).target == "a"  # tie -> JSQ load
+    # already overflowing: marginal = the whole request (not the total overflow)
+    pol2.on_stats("b", ReplicaStats(kv_cache_usage=1.2, **dict(cap, timestamp=12.0)))
+    assert pol2.overflow("b", req, 12.0) == pytest.approx(200)
+
+
+# ----------------------------------------------------------------------------- FlowKV
+def flowkv(**over):
+    cfg = {"name": "flowkv", "prefix": FIXED, "ttft": {"prior_tp_s": TP}}
+    cfg.update(over)
+    return build_policy(cfg, targets=["a", "b"])
+
+
+def test_flowkv_node_score_and_sliding_window():
+    pol = flowkv()
+    pol.on_stats("a", ReplicaStats(num_running=64, num_waiting=32, kv_cache_usage=0.5, max_num_seqs=128, timestamp=0.0))
+    # 0.3·64/128 + 0.4·32/128 + 0.2·0.5 + 0.1·min(1, 32·512/8192)
+    assert pol.node_score("a") == pytest.approx(0.15 + 0.1 + 0.1 + 0.1)
+    pol.on_stats("a", ReplicaStats(num_running=0, num_waiting=0, kv_cache_usage=0.1, max_num_seqs=128, timestamp=1.0))
+    assert pol.smoothed("a") == pytest.approx((0.25, 0.125, 0.3, 1.0))  # mean of the two reports
+    pol.on_stats("a", ReplicaStats(num_running=0, num_waiting=0, kv_cache_usage=0.1, max_num_seqs=128, timestamp=10.0))
+    assert pol.smoothed("a") == pytest.approx((0.0, 0.0, 0.1, 0.0))  # older reports left the 5 s window
+    pol.on_dispatch(rq(0, "x" * 4000), "a", 11.0)  # unseen: +1/128 waiting, +1000/8192 budget
+    assert pol.node_score("a") == pytest.approx(0.4 / 128 + 0.2 * 0.1 + 0.1 * 1000 / 8192)
+
+
+def test_flowkv_states_route_differently():
+    pol = flowkv(eps_low=0.3, eps_high=0.6, idle_threshold=0.3, extreme_duration_s=5.0)
+    hot = dict(kv_cache_usage=0.9, max_num_seqs=10)
+    # normal: both idle -> TTFT cost; a has the prefix
+    pol.on_dispatch(rq(0, P + "a" * 1952), "a", 0.0)
+    pol.on_complete("r0", "a", 0.5)
+    d = pol.choose(rq(1, P + "b" * 1952), 1.0)
+    assert pol.state == "normal" and d.target == "a" and d.reason == "normal_ttft"
+    # imbalanced: a is busy (not idle), b idle -> b even though a has the prefix
+    pol.on_stats("a", ReplicaStats(num_running=10, num_waiting=10, timestamp=2.0, **hot))  # 0.3+0.4+0.18+0.1 = 0.98
+    pol.on_stats("b", ReplicaStats(num_running=0, num_waiting=0, timestamp=2.0, kv_cache_usage=0.0, max_num_seqs=10))
+    d = pol.choose(rq(2, P + "c" * 1952), 2.5)
+    assert pol.state == "imbalanced" and pol.system_score == pytest.approx(0.49) and d.target == "b"
+    assert d.reason == "imbalanced_idle_ttft"
+    # extreme: both hot -> least score; scale up once it lasted extreme_duration_s
+    pol.on_stats("b", ReplicaStats(num_running=10, num_waiting=5, timestamp=3.0, **hot))  # 0.3+0.2+0.18+0.1=0.78
+    d = pol.choose(rq(3, P + "d" * 1952), 3.0)
+    assert pol.state == "extreme" and d.target == "b" and d.reason == "extreme_least_score"
+    assert pol.scale_signal is None
+    pol.choose(rq(4, "e" * 100), 8.5)
+    assert pol.scale_signal == "up" and pol.describe()["scale_signal"] == "up"
+
+
+# ----------------------------------------------------------------------------- GeoPrefix
+def test_geoprefix_ignores_short_matches_and_discounts_old_ones():
+    pol = cost_policy("geoprefix", min_match_chars=256, match_half_life_s=10.0)
+    pol.on_dispatch(rq(0, P[:128] + "a" * 3872), "a", 0.0)
+    pol.on_complete("r0", "a", 0.1)
+    req = rq(1, P[:128] + "b" * 3872)
+    costs = pol.costs(req, ["a", "b"], 0.2)
+    assert costs["a"] == costs["b"] == pytest.approx(TP * 1000)  # a 128-char (system prompt) match is ignored
+    pol.on_dispatch(rq(2, P + "a" * 1952), "a", 1.0)
+    pol.on_complete("r2", "a", 1.1)
+    costs = pol.costs(rq(3, P + "b" * 1952), ["a", "b"], 11.0)  # the 2048-char match is 10 s old: half
+    assert costs["a"] == pytest.approx(TP * (1000 - 512 * 0.5))
+
+
+def test_geoprefix_trades_match_against_load_per_request():
+    pol = cost_policy("geoprefix", match_half_life_s=None)
+    pol.on_dispatch(rq(0, P + "a" * 1952), "a", 0.0)  # a: prefix, and 1000 tokens queued
+    short = rq(1, P + "b" * 1952)
+    assert pol.choose(short, 0.1).target == "b"  # 0.488 + 1.0 > 1.0
+    long_ = rq(2, P * 4 + "c" * 100)  # 8292 chars; a holds only its first 2048 -> still b
+    pol.on_dispatch(rq(3, P * 4), "a", 0.2)  # now a holds all 8192 chars, queue 1000 + 1536 (uncached) tokens
+    costs = pol.costs(long_, ["a", "b"], 0.3)
+    assert costs["a"] == pytest.approx(TP * (2073 - 2048) + TP * (1000 + 1536))
+    assert costs["b"] == pytest.approx(TP * 2073)
+    assert pol.choose(long_, 0.3).target == "b"
+    pol.on_complete("r0", "a", 0.4)
+    pol.on_complete("r3", "a", 0.4)  # a drained: the same request now goes to its prefix
+    assert pol.choose(long_, 0.5).target == "a"
+
+
+# ----------------------------------------------------------------------------- region layer
+def region(name="us", policy="geoprefix", targets=("us-0", "us-1"), **two):
+    local = build_policy({"name": policy, "prefix": FIXED, "ttft": {"prior_tp_s": TP}}, targets=list(targets)) \
+        if policy in ("gorgo", "geoprefix", "flowkv", "gorgo_proxy") else build_policy(policy, targets=list(targets))
+    for t in targets:
+        local.on_stats(t, ReplicaStats(max_num_seqs=64, timestamp=0.0))
+    return RegionRouter(TwoLayerConfig(region=name, **two), local)
+
+
+def fill(r, now=1.0):
+    for t in r.local.targets:
+        r.local.on_stats(t, ReplicaStats(num_waiting=1, timestamp=now))
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_every_new_policy_runs_through_a_region_router(name):
+    r = region(policy=name, remote="cost")
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.1))
+    d = r.decide(rq(0, "hello " * 200), 1.0)
+    assert d.kind == "local" and d.target in ("us-0", "us-1")
+    r.on_dispatch(rq(0, "hello " * 200), d.target, 1.0)
+    r.local.on_complete("r0", d.target, 1.5, ttft_s=0.3)
+    assert r.local.tracker.outstanding(d.target) == 0
+
+
+@pytest.mark.parametrize("preset, expect", [(GORGO_COST, "eu"), (GEOPREFIX_COST, "asia")])
+def test_remote_queue_is_what_separates_gorgo_from_geoprefix(preset, expect):
+    r = region(policy="gorgo" if preset is GORGO_COST else "geoprefix", remote="cost", cost=preset, tau=2)
+    fill(r)
+    r.set_queue(0, 0)
+    # eu: near but its LB holds 2 requests of 40k tokens over 1 replica; asia: far, empty
+    r.update_peer(PeerState("eu", 1, 2, 1.0, rtt_s=0.05, extra={"queued_tokens": 80_000, "replicas": 1}))
+    r.update_peer(PeerState("asia", 2, 0, 1.0, rtt_s=0.2, extra={"queued_tokens": 0, "replicas": 2}))
+    d = r.decide(rq(0, "q" * 4000), 1.0)
+    assert d.kind == "forward" and d.target == expect and d.reason == "cost"
+    costs = r.selector.last_costs
+    assert costs["asia"] == pytest.approx(0.2 + TP * 1000)
+    if preset is GORGO_COST:
+        assert costs["eu"] == pytest.approx(0.05 + TP * 1000)  # the remote queue is left out
+    else:
+        assert costs["eu"] == pytest.approx(0.05 + TP * 1000 + TP * 80_000)
+
+
+def test_cost_selector_holds_when_staying_is_cheaper_and_counts_the_local_queue():
+    r = region(remote="cost", cost=GORGO_COST)
+    for t in r.local.targets:  # both batches full under SP-P (no headroom), nothing waiting yet
+        r.local.on_stats(t, ReplicaStats(num_waiting=0, num_running=64, max_num_seqs=64, timestamp=1.0))
+    assert r.local.choose(rq(9, "x"), 1.0) is None
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.3))
+    r.set_queue(1, 400)  # one request of 400 tokens held here, 2 replicas
+    d = r.decide(rq(0, "q" * 4000), 1.0)
+    assert d.kind == "hold" and d.reason == "stay_cheaper"
+    assert r.selector.last_costs[None] == pytest.approx(TP * 1000 + TP * 400 / 2)
+    r.set_queue(5, 2000)  # now: 1.0 + 1.0 > 0.3 + 1.0
+    d = r.decide(rq(1, "q" * 4000), 1.0)
+    assert d.kind == "forward" and d.target == "eu"
+
+
+def test_geoprefix_remote_wait_staleness_and_forwards_since_heartbeat():
+    r = region(remote="cost", cost=dict(GEOPREFIX_COST, staleness_scale_s=2.0), tau=5)
+    fill(r)
+    r.update_peer(PeerState("eu", 1, 1, 1.0, rtt_s=0.1, extra={"queued_tokens": 1000, "replicas": 2}))
+    req = rq(0, "q" * 4000)
+    # age 1 s: factor 1 + 1/2; wait = t_p · 1000 · 1.5 / 2
+    assert r.selector.remote_wait(r, req, "eu", 2.0) == pytest.approx(TP * 1000 * 1.5 / 2)
+    r.on_forward(rq(1, "a" * 2000), "eu", 1.5)  # first forward since the heartbeat: took the free replica
+    assert r.selector.remote_wait(r, req, "eu", 1.0) == pytest.approx(TP * 1000 / 2)
+    r.on_forward(rq(2, "b" * 2000), "eu", 1.6)  # second one queues there: +500 tokens
+    assert r.selector.remote_wait(r, req, "eu", 1.0) == pytest.approx(TP * 1500 / 2)
+    r.update_peer(PeerState("eu", 1, 0, 2.0, extra={"queued_tokens": 0, "replicas": 2}))  # newer heartbeat resets
+    assert r.selector.remote_wait(r, req, "eu", 2.0) == 0
+
+
+def test_rtt_ewma_from_probes_overrides_heartbeat_rtt():
+    r = region(remote="cost", cost=GORGO_COST)
+    fill(r)
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.05))
+    r.update_peer(PeerState("asia", 2, 0, 1.0, rtt_s=0.10))
+    assert r.decide(rq(0, "q" * 400), 1.0).target == "eu"
+    for s in (0.5, 0.5, 0.5):
+        r.observe_rtt("eu", s)
+    assert r.selector.rtt_of(r, "eu") == pytest.approx(0.5)
+    assert r.decide(rq(1, "q" * 400), 1.0).target == "asia"
+    t = RttTable(alpha=0.5)
+    t.observe("x", 0.2)
+    assert t.observe("x", 0.4) == pytest.approx(0.3)
+    with pytest.raises(ValueError, match="RTT"):
+        t.observe("x", -1)
+
+
+def test_snapshot_match_lowers_a_peers_cost():
+    r = region(remote="cost", cost=GORGO_COST, snapshot=FIXED)
+    fill(r)
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.10))
+    r.update_peer(PeerState("asia", 2, 0, 1.0, rtt_s=0.15))
+    r.on_forward(rq(0, P + "a" * 1952), "asia", 1.0)
+    d = r.decide(rq(1, P + "b" * 1952), 1.1)  # asia: 0.15 + 0.488 < eu: 0.1 + 1.0
+    assert d.kind == "forward" and d.target == "asia" and d.matched == 2048
+    assert r.selector.last_costs["asia"] == pytest.approx(0.15 + TP * (1000 - 512))
+
+
+def test_heartbeat_carries_queue_tokens_replicas_and_t_p():
+    r = region(remote="cost")
+    hb = r.heartbeat(3, 2.0, queued_tokens=1200)
+    assert hb.queue_len == 3 and hb.extra == {"replicas": 2, "t_p_s": pytest.approx(TP), "queued_tokens": 1200.0}
+    plain = region(policy="skylb")  # SkyLB modes keep their heartbeat unchanged
+    assert plain.heartbeat(0, 2.0).extra == {}
+
+
+# ----------------------------------------------------------------------------- data residency
+@pytest.mark.parametrize("remote", ["prefix", "ring", "nearest", "cost"])
+def test_tenant_regions_bound_every_forward_path(remote):
+    r = region(remote=remote, tenant_regions={"acme": {"asia"}, "local": {"us"}})
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.05))
+    r.update_peer(PeerState("asia", 2, 0, 1.0, rtt_s=0.2))
+    d = r.decide(rq(0, "q" * 400, tenant="acme"), 1.0)  # local available but not allowed for acme
+    assert d.kind == "forward" and d.target == "asia"
+    fill(r)
+    for i in range(10):
+        d = r.decide(rq(10 + i, "q%d" % i * 100, tenant="acme"), 1.1)
+        assert d.kind == "forward" and d.target == "asia"
+        assert r.decide(rq(30 + i, "q%d" % i * 100, tenant="local"), 1.1).kind == "hold"
+    assert r.decide(rq(50, "q" * 40), 1.1).target in ("eu", "asia")  # no tenant: any region
+    d = r.decide(rq(51, "q" * 40, tenant="acme", allowed_regions={"eu"}), 1.1)
+    assert d.kind == "reject" and "tenant" in d.reason
+    assert r.available_peers(1.1, rq(52, "x", tenant="acme")) == ["asia"]
+
+
+def test_tenant_regions_validation_names_the_field():
+    with pytest.raises(ValidationError, match="tenant_regions"):
+        TwoLayerConfig(region="us", tenant_regions={"acme": set()})
+    with pytest.raises(ValidationError, match="tenant_regions"):
+        TwoLayerConfig(region="us", tenant_regions={"acme": {"bad region!"}})
+
+
+# ----------------------------------------------------------------------------- build + config errors
+@pytest.mark.parametrize("name", NEW)
+def test_builds_from_name_and_dict(name):
+    a = build_policy(name, targets=["x"])
+    b = build_policy({"name": name, "seed": 3}, targets=["x"])
+    assert a.name == b.name == name and b.config.seed == 3
+    assert a.choose(rq(0, "hi there"), 0.0).target == "x"
+
+
+@pytest.mark.parametrize("spec, field", [
+    ({"name": "gorgo", "q_hat": -1}, "q_hat"),
+    ({"name": "gorgo", "ttft": {"window": 2}}, "ttft.window"),
+    ({"name": "gorgo_proxy", "chars_per_token": 0}, "chars_per_token"),
+    ({"name": "vllm_default", "capacity_tokens": 0}, "capacity_tokens"),
+    ({"name": "jsq_load", "bogus": 1}, "bogus"),
+    ({"name": "br0", "decode_tps": -1}, "decode_tps"),
+    ({"name": "flowkv", "eps_low": 0.9, "eps_high": 0.5}, "eps_high"),
+    ({"name": "flowkv", "window_s": 0}, "window_s"),
+    ({"name": "geoprefix", "min_match_chars": -5}, "min_match_chars"),
+    ({"name": "geoprefix", "match_half_life_s": 0}, "match_half_life_s"),
+])
+def test_bad_config_is_a_validation_error_naming_the_field(spec, field):
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        build_policy(spec)
+
+
+@pytest.mark.parametrize("cfg, field", [({"remote": "cost", "cost": {"rtt_alpha": 0}}, "cost.rtt_alpha"),
+                                        ({"cost": {"remote_queue": "maybe"}}, "cost.remote_queue"),
+                                        ({"cost": {"ttft": {"prior_tp_s": 0}}}, "cost.ttft.prior_tp_s")])
+def test_two_layer_cost_config_errors_name_the_field(cfg, field):
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        TwoLayerConfig(region="us", **cfg)
+    with pytest.raises(ValidationError):
+        CostSelector(cfg.get("cost"))
