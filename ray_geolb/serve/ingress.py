@@ -1,0 +1,815 @@
+"""Region ingress: one region's load balancer (SkyLB layer 1) as an OpenAI-compatible Ray Serve app.
+
+One Serve application per region = this ingress + the model deployment(s), pinned to the region's
+nodes (``label_selector`` on ``ray.io/availability-region``; see ``app.py``). For each request:
+
+1. **Parse** the OpenAI body (``/v1/chat/completions``, ``/v1/completions``; SSE when
+   ``stream: true``). Bad JSON, a missing/empty ``messages`` or ``prompt``, a bad ``max_tokens`` or an
+   unknown ``allowed_regions`` entry -> HTTP 400 naming the problem; an unknown ``model`` -> 404.
+2. **Decide** with :class:`ray_geolb.policy.two_layer.RegionRouter` (the same policy core and the
+   same :func:`canonical_text` as the simulator): *local* while this region has an available replica
+   (read in process from the GeoPrefixRouter of the model deployment -- no actor call; "available"
+   until that router exists), else *forward* to the best available peer region's ingress (regional
+   snapshot: longest prefix already forwarded there, ties by measured RTT), else *hold*.
+3. **Hold**: an FCFS queue at this ingress, bounded (``max_queue`` -> 429) and time-limited
+   (``max_wait_s`` -> 503), both with ``Retry-After`` and a JSON error body. Only the head of the
+   queue is re-decided (when a local request completes, the peer table changes, or every ``poll_s``).
+4. **Forward** (at most one hop): a forwarded request arrives at the peer's :meth:`forwarded` /
+   :meth:`forwarded_stream` with ``hops=1`` and is never forwarded again -- if the peer is full it
+   waits in the peer's queue. The forward is recorded in this region's snapshot (mirrored to the
+   registry in the background). Inter-region latency is injected around the hop (``latency.py``).
+
+``allowed_regions`` (header ``x-allowed-regions: us,eu`` or body field) is enforced on both layers:
+a request may wait or be refused (403), never be sent outside its set.
+
+Every response carries ``x-geolb-region`` (where it was served), ``x-geolb-replica``,
+``x-geolb-route`` (``local`` | ``forwarded``), ``x-geolb-reason``, ``x-geolb-matched-prefix``
+(bytes of canonical text), ``x-geolb-queue-wait-ms`` (ingress queue + router queue) and
+``x-geolb-origin`` (the region that received it), from the GeoPrefixRouter's in-process decision log
+when available.
+
+Background tasks (never on the request path): the :class:`RegistryClient` heartbeat/peer-table loop,
+and RTT probes of every peer ingress (EWMA, reported to the registry, read back as ``PeerState.rtt_s``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+import uuid
+from collections import deque
+from typing import Any, AsyncIterator, Dict, FrozenSet, List, Literal, Optional, Tuple
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from ray import serve
+
+import ray_geolb.serve as _serve_pkg
+from ray_geolb.policy.base import Decision, RouteRequest
+from ray_geolb.policy.canonical import PromptFormatError, canonical_text
+from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
+from ray_geolb.serve.errors import RouterError
+from ray_geolb.serve.latency import LatencyInjector
+from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, RegistryClient, peer_states_from_table
+
+logger = logging.getLogger("ray.serve")
+
+__all__ = ["INGRESS_DEPLOYMENT", "IngressConfig", "GeoHTTPError", "PromptBody", "RegionIngress", "app"]
+
+INGRESS_DEPLOYMENT = "RegionIngress"
+HEADER_PREFIX = "x-geolb-"
+
+
+# ---------------------------------------------------------------------------------------------- config
+class RegistryOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = DEFAULT_NAME
+    namespace: str = DEFAULT_NAMESPACE
+    period_s: float = Field(0.25, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+    config: Optional[dict] = None  # RegistryState kwargs if this ingress creates the actor
+
+
+class IngressConfig(BaseModel):
+    """Configuration of one region's ingress (JSON-able; built by ``app.build_region_apps``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: str = Field(..., min_length=1)
+    model_name: str = "geolb-emulated"
+    #: peer region -> its Serve application name (its ingress is ``INGRESS_DEPLOYMENT`` there)
+    peers: Dict[str, str] = Field(default_factory=dict)
+    #: TwoLayerConfig fields except ``region`` (tau, remote, max_hops, peer_stale_s, snapshot, ...)
+    two_layer: dict = Field(default_factory=lambda: {"peer_stale_s": 2.0})
+    #: "router": read the GeoPrefixRouter's availability; "always": every request is local-available
+    #: (baselines with Ray's own routers, which have no availability notion)
+    local_availability: Literal["router", "always"] = "router"
+    max_queue: int = Field(256, ge=0, description="requests that may wait at this ingress (more -> 429)")
+    max_wait_s: float = Field(30.0, gt=0, description="longest wait at this ingress (then 503)")
+    retry_after_s: float = Field(1.0, ge=0)
+    poll_s: float = Field(0.02, gt=0, description="re-decide period of the head of the queue")
+    registry: Optional[RegistryOptions] = RegistryOptions()
+    latency: Optional[dict] = None  # LatencyInjector.from_spec; None = default table, scale 1
+    rtt_probe_period_s: float = Field(1.0, gt=0)
+    rtt_ewma: float = Field(0.3, gt=0, le=1)
+    snapshot_period_s: float = Field(1.0, gt=0)
+    default_max_tokens: int = Field(16, ge=1)
+    max_tokens_limit: int = Field(8192, ge=1)
+    forward_timeout_s: float = Field(300.0, gt=0)
+
+    def two_layer_config(self) -> TwoLayerConfig:
+        tl = dict(self.two_layer)
+        if "region" in tl and tl["region"] != self.region:
+            raise ValueError(f"two_layer.region {tl['region']!r} differs from region {self.region!r}")
+        tl["region"] = self.region
+        return TwoLayerConfig.model_validate(tl)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+class GeoHTTPError(Exception):
+    """An error with an HTTP status; picklable, so a peer ingress can raise it to the origin."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, retry_after_s: Optional[float] = None, region: Optional[str] = None):
+        super().__init__(message)
+        self.status = int(status)
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.retry_after_s = retry_after_s
+        self.region = region
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.message, self.type, self.param, self.retry_after_s, self.region))
+
+    def response(self, extra_headers: Optional[dict] = None) -> JSONResponse:
+        headers = dict(extra_headers or {})
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        if self.region:
+            headers[HEADER_PREFIX + "region"] = self.region
+        err = {"message": self.message, "type": self.type, "param": self.param, "code": self.status}
+        return JSONResponse({"error": err}, status_code=self.status, headers=headers)
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The user exception inside a Ray wrapper (RayTaskError.cause), else ``e``."""
+    seen = 0
+    while seen < 5 and getattr(e, "cause", None) is not None and isinstance(e.cause, BaseException):
+        e = e.cause
+        seen += 1
+    return e
+
+
+def _as_http_error(e: BaseException, region: str) -> Optional[GeoHTTPError]:
+    c = _cause(e)
+    if isinstance(c, GeoHTTPError):
+        return c
+    if isinstance(c, RouterError):
+        kind = "queue_full" if type(c).__name__ == "RouterQueueFull" else "wait_timeout"
+        return GeoHTTPError(getattr(c, "http_status", 503), f"region {c.region or region}: {c.message}",
+                            type_=f"router_{kind}", retry_after_s=c.retry_after_s, region=c.region or region)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- request body
+class PromptBody(dict):
+    """The OpenAI body as sent to the model deployment: a dict that also answers ``.messages`` /
+    ``.prompt`` (Ray's PrefixCacheAffinityRouter looks for those attributes; canonical_text and
+    GeoPrefixRouter read it as a dict)."""
+
+    def __getattr__(self, name):
+        if name in ("messages", "prompt") and name in self:
+            return self[name]
+        raise AttributeError(name)
+
+    def __reduce__(self):
+        return (PromptBody, (dict(self),))
+
+
+def _parse_allowed(value: Any, where: str) -> Optional[FrozenSet[str]]:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise GeoHTTPError(400, f"{where} must be a list of region names or a comma-separated string",
+                           param="allowed_regions")
+    regions = []
+    for v in items:
+        if not isinstance(v, str) or not v.strip():
+            raise GeoHTTPError(400, f"{where} contains an empty or non-string region name: {v!r}",
+                               param="allowed_regions")
+        regions.append(v.strip())
+    if not regions:
+        raise GeoHTTPError(400, f"{where} is empty (omit it to allow every region)", param="allowed_regions")
+    return frozenset(regions)
+
+
+def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int, default_max_tokens: int):
+    """Parse and check an OpenAI body. Returns ``(PromptBody, text, stream, max_tokens, allowed)``."""
+    try:
+        body = json.loads(raw or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GeoHTTPError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise GeoHTTPError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    field = "messages" if kind == "chat" else "prompt"
+    if field not in body or body[field] is None:
+        raise GeoHTTPError(400, f"missing required field '{field}'", param=field)
+    if kind == "chat":
+        if not isinstance(body["messages"], list) or not body["messages"]:
+            raise GeoHTTPError(400, "'messages' must be a non-empty list of chat messages", param="messages")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise GeoHTTPError(404, f"The model '{model}' does not exist; this endpoint serves '{model_name}'",
+                           type_="model_not_found", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise GeoHTTPError(400, f"'stream' must be a boolean, got {stream!r}", param="stream")
+    mt = body.get("max_tokens", body.get("max_completion_tokens"))
+    if mt is None:
+        mt = default_max_tokens
+    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+        raise GeoHTTPError(400, f"'max_tokens' must be a positive integer, got {mt!r}", param="max_tokens")
+    if mt > max_tokens_limit:
+        raise GeoHTTPError(400, f"'max_tokens' {mt} exceeds the limit {max_tokens_limit}", param="max_tokens")
+    allowed = _parse_allowed(body.pop("allowed_regions", None), "body field 'allowed_regions'")
+    try:
+        text = canonical_text(body)
+    except PromptFormatError as e:
+        raise GeoHTTPError(400, f"invalid '{field}': {e}", param=field) from None
+    return PromptBody(body), text, stream, mt, allowed
+
+
+# ---------------------------------------------------------------------------------------------- local view
+class _LocalView:
+    """The duck-typed ``Policy`` a :class:`RegionRouter` sees as its local layer: "is a replica of
+    this region available now?" -- answered in process by the GeoPrefixRouter of the model deployment."""
+
+    def __init__(self, ingress: "RegionIngressImpl"):
+        self._ing = ingress
+        self.tracker = self
+
+    @property
+    def available(self):
+        return range(self._ing.local_available())
+
+    def choose(self, req, now, candidates=None):
+        n = self._ing.local_available()
+        return Decision("local", 0, "local_available") if n > 0 else None
+
+    def on_dispatch(self, req, target, now):
+        pass
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+def _request_id() -> str:
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        rid = _get_serve_request_context().request_id
+        if rid:
+            return rid
+    except Exception:  # pragma: no cover
+        pass
+    return uuid.uuid4().hex
+
+
+# ---------------------------------------------------------------------------------------------- core
+class RegionIngressImpl:
+    """Everything except HTTP (so it can be driven by the FastAPI class and by peer handle calls)."""
+
+    async def _setup(self, model, config):
+        cfg = config if isinstance(config, IngressConfig) else IngressConfig.model_validate(config or {})
+        self.cfg = cfg
+        self.region = cfg.region
+        self.model = model
+        self.model_app = getattr(model, "app_name", None)
+        self.model_deployment = getattr(model, "deployment_name", None)
+        self.latency = LatencyInjector.from_spec(cfg.latency)
+        self.router = RegionRouter(cfg.two_layer_config(), _LocalView(self), clock=_now)
+        for peer in cfg.peers:  # known but unheard: unavailable until a heartbeat says otherwise
+            self.router.update_peer(PeerState(peer, 0, 0, float("-inf")))
+        self._peer_handles: Dict[str, Any] = {}
+        self._queue: deque = deque()
+        self._local_unrouted: set = set()
+        self._rtt: Dict[str, float] = {}
+        self._snapshot_dirty = False
+        self._snapshot_version = 0
+        self._snapshot_sent_at = 0.0
+        self._snapshot_loaded = False
+        self.counters = {k: 0 for k in ("requests", "local", "forwarded_out", "forwarded_in", "held",
+                                        "queue_full", "wait_timeout", "rejected", "errors", "forward_failures",
+                                        "bad_requests")}
+        try:
+            ctx = serve.get_replica_context()
+            self.source = f"{self.region}/{ctx.replica_id.unique_id}"
+        except Exception:
+            self.source = f"{self.region}/{uuid.uuid4().hex[:8]}"
+        self._tasks: List[asyncio.Task] = []
+        self.registry: Optional[RegistryClient] = None
+        if cfg.registry is not None:
+            r = cfg.registry
+            self.registry = RegistryClient(self.region, self.source, self._heartbeat, self._on_table,
+                                           name=r.name, namespace=r.namespace, period_s=r.period_s,
+                                           timeout_s=r.timeout_s, registry_config=r.config)
+            self.registry.start()
+            self._tasks.append(asyncio.get_running_loop().create_task(self._load_snapshot()))
+        if cfg.peers:
+            self._tasks.append(asyncio.get_running_loop().create_task(self._probe_loop()))
+
+    # ------------------------------------------------------------ local availability
+    def _geo_router(self):
+        if self.model_app is None or self.model_deployment is None:
+            return None
+        return _serve_pkg.router_for(self.model_app, self.model_deployment)
+
+    def local_available(self) -> int:
+        """Available local replicas, minus requests sent locally that the router has not placed yet."""
+        if self.cfg.local_availability == "always":
+            return 1
+        r = self._geo_router()
+        if r is None:
+            return 1  # the router is created lazily on the first request: assume available
+        try:
+            n = r.num_available()
+            if self._local_unrouted:
+                n -= sum(1 for rid in self._local_unrouted if r.decision(rid) is None)
+            return max(0, n)
+        except Exception:  # noqa: BLE001 - never fail a request on a view
+            return 1
+
+    def _lb_queue_len(self) -> int:
+        q = len(self._queue)
+        r = self._geo_router() if self.cfg.local_availability == "router" else None
+        if r is not None:
+            try:
+                q += r.queue_len()
+            except Exception:  # noqa: BLE001
+                pass
+        return q
+
+    # ------------------------------------------------------------ registry
+    def _heartbeat(self) -> dict:
+        hb = {"region": self.region, "source": self.source, "available_replicas": self.local_available(),
+              "queue_len": self._lb_queue_len(), "rtts": dict(self._rtt)}
+        now = _now()
+        if self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s:
+            self._snapshot_version += 1
+            hb["snapshot"] = self.router.snapshot.snapshot()
+            hb["snapshot_version"] = self._snapshot_version
+            self._snapshot_sent_at = now
+            self._snapshot_dirty = False
+        return hb
+
+    def _on_table(self, table: dict, received_at: float) -> None:
+        for ps in peer_states_from_table(table, received_at, self.region):
+            if ps.region in self.cfg.peers:
+                self.router.update_peer(ps)
+        if self.region not in table.get("snapshot_versions", {}) and self.router.snapshot.num_nodes:
+            self._snapshot_dirty = True  # the registry restarted: send our snapshot again
+        self._kick()
+
+    async def _load_snapshot(self) -> None:
+        """A restarted ingress reloads its regional snapshot from the registry (once)."""
+        for _ in range(40):
+            snap = await self.registry.fetch_snapshot(self.region)
+            if snap is not None:
+                if self.router.snapshot.num_nodes == 0:
+                    try:
+                        self.router.snapshot.load_snapshot(snap)
+                        self._snapshot_loaded = True
+                    except (ValueError, KeyError, TypeError) as e:
+                        logger.warning("ignoring registry snapshot for %s: %s", self.region, e)
+                return
+            if self.registry.connected:
+                return  # reachable, nothing stored
+            await asyncio.sleep(0.5)
+
+    async def _probe_loop(self) -> None:
+        a = self.cfg.rtt_ewma
+        while True:
+            for peer in list(self.cfg.peers):
+                try:
+                    if peer not in self._peer_handles:  # warm-up call: the first one pays handle setup
+                        await asyncio.wait_for(self._peer(peer).ping.remote(), 5.0)
+                    t0 = _now()
+                    await self.latency.hop(self.region, peer)
+                    await asyncio.wait_for(self._peer(peer).ping.remote(), 5.0)
+                    await self.latency.hop(peer, self.region)
+                    rtt = _now() - t0
+                    old = self._rtt.get(peer)
+                    self._rtt[peer] = rtt if old is None else (1 - a) * old + a * rtt
+                    ps = self.router.peers.get(peer)
+                    if ps is not None:
+                        ps.rtt_s = self._rtt[peer]
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - a peer that does not answer simply has no RTT
+                    pass
+            await asyncio.sleep(self.cfg.rtt_probe_period_s)
+
+    def _peer(self, region: str):
+        h = self._peer_handles.get(region)
+        if h is None:
+            h = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name=self.cfg.peers[region],
+                                            _check_exists=False)
+            self._peer_handles[region] = h
+        return h
+
+    # ------------------------------------------------------------ admission (FCFS hold queue)
+    def _kick(self) -> None:
+        if self._queue:
+            self._queue[0].set()
+
+    async def _admit(self, rreq: RouteRequest):
+        """A non-hold decision, after waiting FCFS in this ingress's queue if needed."""
+        cfg = self.cfg
+        t0 = _now()
+        reason = "queued behind earlier requests"
+        if not self._queue:
+            d = self.router.decide(rreq, t0)
+            if d.kind != "hold":
+                return d
+            reason = d.reason
+        if len(self._queue) >= cfg.max_queue:
+            self.counters["queue_full"] += 1
+            raise GeoHTTPError(429, f"region {self.region}: {len(self._queue)} requests already waiting "
+                                    f"(max_queue={cfg.max_queue}); retry later",
+                               type_="queue_full", retry_after_s=cfg.retry_after_s, region=self.region)
+        self.counters["held"] += 1
+        ev = asyncio.Event()
+        self._queue.append(ev)
+        deadline = t0 + cfg.max_wait_s
+        try:
+            while True:
+                if self._queue[0] is ev:
+                    d = self.router.decide(rreq, _now())
+                    if d.kind != "hold":
+                        return d
+                    reason = d.reason
+                remaining = deadline - _now()
+                if remaining <= 0:
+                    self.counters["wait_timeout"] += 1
+                    raise GeoHTTPError(503, f"region {self.region}: no replica became available within "
+                                            f"{cfg.max_wait_s:g} s ({reason})",
+                                       type_="wait_timeout", retry_after_s=cfg.retry_after_s, region=self.region)
+                ev.clear()
+                try:
+                    await asyncio.wait_for(ev.wait(), min(remaining, cfg.poll_s))
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            was_head = self._queue and self._queue[0] is ev
+            try:
+                self._queue.remove(ev)
+            except ValueError:
+                pass
+            if was_head:
+                self._kick()
+
+    # ------------------------------------------------------------ request processing
+    async def process(self, body: PromptBody, text: str, *, stream: bool, max_tokens: int,
+                      allowed: Optional[FrozenSet[str]], hops: int, origin: str, session: Optional[str],
+                      request_id: str, waited_ms: float = 0.0):
+        """Route and run one request. Returns ``(meta, result_dict)`` or ``(meta, async token iterator)``."""
+        self.counters["requests"] += 1
+        if allowed is not None:
+            unknown = allowed - set(self.cfg.peers) - {self.region}
+            if unknown:
+                raise GeoHTTPError(400, f"allowed_regions names unknown region(s) {sorted(unknown)}; "
+                                        f"regions: {sorted(set(self.cfg.peers) | {self.region})}",
+                                   param="allowed_regions")
+        rreq = RouteRequest(request_id=request_id, text=text, session_key=session, region=origin,
+                            allowed_regions=allowed, hops=hops)
+        excluded: set = set()
+        for attempt in range(3):
+            t0 = _now()
+            d = await self._admit(rreq)
+            wait_ms = waited_ms + (_now() - t0) * 1000.0
+            if d.kind == "reject":
+                self.counters["rejected"] += 1
+                raise GeoHTTPError(403, f"region {self.region} cannot serve this request: {d.reason}",
+                                   type_="region_not_allowed", param="allowed_regions", region=self.region)
+            if d.kind == "local":
+                self.counters["local"] += 1
+                return await self._run_local(body, stream, max_tokens, request_id, d, wait_ms, hops, origin)
+            peer = d.target
+            try:
+                return await self._forward(peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session)
+            except GeoHTTPError:
+                raise
+            except _ForwardFailed as e:
+                # The peer ingress is unreachable: mark it unavailable and decide again (never lose it).
+                self.counters["forward_failures"] += 1
+                logger.warning("forward %s -> %s failed (%s); re-deciding", self.region, peer, e)
+                ps = self.router.peers.get(peer)
+                if ps is not None:
+                    ps.available_replicas = 0
+                excluded.add(peer)
+        raise GeoHTTPError(503, f"region {self.region}: forwarding failed to {sorted(excluded)}",
+                           type_="forward_failed", retry_after_s=self.cfg.retry_after_s, region=self.region)
+
+    def _local_meta(self, request_id: str, d, wait_ms: float, hops: int, origin: str, result=None) -> dict:
+        info = None
+        r = self._geo_router()
+        if r is not None:
+            try:
+                info = r.decision(request_id)
+            except Exception:  # noqa: BLE001
+                info = None
+        meta = {"region": self.region, "route": "local" if hops == 0 else "forwarded", "origin": origin,
+                "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": hops}
+        if info:
+            meta["replica"] = info.get("replica")
+            meta["reason"] = info.get("reason") or d.reason
+            meta["matched_prefix"] = int(info.get("matched") or 0)
+            meta["queue_wait_ms"] = wait_ms + 1000.0 * float(info.get("queue_wait_s") or 0.0)
+        if meta["replica"] is None and isinstance(result, dict):
+            meta["replica"] = result.get("replica")
+        return meta
+
+    async def _run_local(self, body, stream, max_tokens, request_id, d, wait_ms, hops, origin):
+        self._local_unrouted.add(request_id)
+        if not stream:
+            try:
+                res = await self.model.remote(body, max_tokens=max_tokens)
+            except Exception as e:
+                err = _as_http_error(e, self.region)
+                if err is not None:
+                    raise err from None
+                self.counters["errors"] += 1
+                raise
+            finally:
+                self._local_unrouted.discard(request_id)
+                self._kick()
+            return self._local_meta(request_id, d, wait_ms, hops, origin, res), res
+        gen = self.model.options(stream=True).generate.remote(body, max_tokens=max_tokens)
+        try:
+            first = await gen.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except Exception as e:
+            self._local_unrouted.discard(request_id)
+            self._kick()
+            err = _as_http_error(e, self.region)
+            if err is not None:
+                raise err from None
+            self.counters["errors"] += 1
+            raise
+        self._local_unrouted.discard(request_id)
+        meta = self._local_meta(request_id, d, wait_ms, hops, origin)
+
+        async def tokens():
+            try:
+                if first is not None:
+                    yield first
+                    async for t in gen:
+                        yield t
+            finally:
+                try:
+                    gen.cancel()
+                except Exception:  # noqa: BLE001
+                    pass
+                self._kick()
+
+        return meta, tokens()
+
+    async def _forward(self, peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session):
+        now = _now()
+        self.router.on_forward(rreq, peer, now)
+        self._snapshot_dirty = True
+        ps = self.router.peers.get(peer)
+        if ps is not None and ps.available_replicas > 0:
+            ps.available_replicas -= 1  # optimistic: until the next heartbeat says otherwise
+        self.counters["forwarded_out"] += 1
+        fmeta = {"hops": rreq.hops + 1, "origin": origin, "allowed_regions": sorted(rreq.allowed_regions)
+                 if rreq.allowed_regions is not None else None, "session": session, "stream": stream,
+                 "max_tokens": max_tokens, "request_id": rreq.request_id, "waited_ms": wait_ms,
+                 "forward_reason": d.reason, "forward_matched": d.matched}
+        try:
+            h = self._peer(peer)
+        except Exception as e:  # noqa: BLE001
+            raise _ForwardFailed(str(e)) from None
+        await self.latency.hop(self.region, peer)
+        if not stream:
+            try:
+                meta, res = await asyncio.wait_for(h.forwarded.remote(dict(body), fmeta), self.cfg.forward_timeout_s)
+            except Exception as e:
+                await self.latency.hop(peer, self.region)
+                err = _as_http_error(e, peer)
+                if err is not None:
+                    raise err from None
+                raise _ForwardFailed(f"{type(e).__name__}: {e}") from None
+            await self.latency.hop(peer, self.region)
+            return self._forward_meta(meta, d), res
+        gen = h.options(stream=True).forwarded_stream.remote(dict(body), fmeta)
+        relay = self.latency.relay(gen, peer, self.region)
+        try:
+            meta = await relay.__anext__()
+        except Exception as e:
+            err = _as_http_error(e, peer)
+            if err is not None:
+                raise err from None
+            raise _ForwardFailed(f"{type(e).__name__}: {e}") from None
+
+        async def tokens():
+            try:
+                async for t in relay:
+                    yield t
+            finally:
+                await relay.aclose()
+                try:
+                    gen.cancel()
+                except Exception:  # noqa: BLE001
+                    pass
+
+        return self._forward_meta(meta, d), tokens()
+
+    def _forward_meta(self, meta: dict, d) -> dict:
+        meta = dict(meta)
+        meta["route"] = "forwarded"
+        meta["forward_reason"] = d.reason
+        return meta
+
+    # ------------------------------------------------------------ peer-facing methods (handle calls)
+    async def forwarded(self, body: dict, fmeta: dict):
+        """A request forwarded by a peer region (hops >= 1: it is never forwarded again)."""
+        self.counters["forwarded_in"] += 1
+        body = PromptBody(body)
+        text = canonical_text(body)
+        allowed = frozenset(fmeta["allowed_regions"]) if fmeta.get("allowed_regions") else None
+        return await self.process(body, text, stream=False, max_tokens=int(fmeta["max_tokens"]), allowed=allowed,
+                                  hops=max(1, int(fmeta.get("hops", 1))), origin=fmeta.get("origin", "?"),
+                                  session=fmeta.get("session"), request_id=fmeta.get("request_id") or _request_id(),
+                                  waited_ms=float(fmeta.get("waited_ms", 0.0)))
+
+    async def forwarded_stream(self, body: dict, fmeta: dict):
+        """Streaming variant: yields the metadata dict first, then the tokens."""
+        self.counters["forwarded_in"] += 1
+        body = PromptBody(body)
+        text = canonical_text(body)
+        allowed = frozenset(fmeta["allowed_regions"]) if fmeta.get("allowed_regions") else None
+        meta, toks = await self.process(body, text, stream=True, max_tokens=int(fmeta["max_tokens"]),
+                                        allowed=allowed, hops=max(1, int(fmeta.get("hops", 1))),
+                                        origin=fmeta.get("origin", "?"), session=fmeta.get("session"),
+                                        request_id=fmeta.get("request_id") or _request_id(),
+                                        waited_ms=float(fmeta.get("waited_ms", 0.0)))
+        yield meta
+        async for t in toks:
+            yield t
+
+    async def ping(self) -> str:
+        return self.region
+
+    def state(self) -> dict:
+        now = _now()
+        peers = {}
+        for r, ps in self.router.peers.items():
+            age = now - ps.timestamp
+            peers[r] = {"available_replicas": ps.available_replicas, "queue_len": ps.queue_len,
+                        "age_s": None if math.isinf(age) else round(age, 3),
+                        "rtt_ms": None if ps.rtt_s is None else round(ps.rtt_s * 1000, 2)}
+        return {
+            "region": self.region,
+            "source": self.source,
+            "local_available": self.local_available(),
+            "router_present": self._geo_router() is not None,
+            "queue_len": len(self._queue),
+            "lb_queue_len": self._lb_queue_len(),
+            "available_peers": sorted(self.router.available_peers(now)),
+            "peers": peers,
+            "measured_rtt_ms": {p: round(v * 1000, 2) for p, v in self._rtt.items()},
+            "snapshot_nodes": self.router.snapshot.num_nodes,
+            "snapshot_loaded_from_registry": self._snapshot_loaded,
+            "registry": None if self.registry is None else self.registry.status(),
+            "counters": dict(self.counters),
+            "config": self.cfg.model_dump(),
+        }
+
+
+class _ForwardFailed(Exception):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+app = FastAPI(title="ray_geolb region ingress", description="OpenAI-compatible, multi-region prefix-aware LB")
+
+
+def _headers(meta: dict) -> dict:
+    h = {
+        HEADER_PREFIX + "region": str(meta.get("region")),
+        HEADER_PREFIX + "replica": str(meta.get("replica") or ""),
+        HEADER_PREFIX + "route": str(meta.get("route")),
+        HEADER_PREFIX + "reason": str(meta.get("reason") or ""),
+        HEADER_PREFIX + "matched-prefix": str(int(meta.get("matched_prefix") or 0)),
+        HEADER_PREFIX + "queue-wait-ms": f"{float(meta.get('queue_wait_ms') or 0.0):.1f}",
+        HEADER_PREFIX + "origin": str(meta.get("origin") or ""),
+    }
+    return h
+
+
+def _usage(res: dict) -> dict:
+    pt = int(res.get("prompt_tokens") or 0)
+    ct = int(res.get("output_tokens") or 0)
+    u = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if res.get("cached_tokens") is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": int(res["cached_tokens"])}
+    return u
+
+
+def _result_text(res: Any) -> str:
+    if isinstance(res, dict):
+        return str(res.get("text", ""))
+    return str(res)
+
+
+@serve.deployment(name=INGRESS_DEPLOYMENT, max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class RegionIngress(RegionIngressImpl):
+    """One region's ingress deployment (see the module docstring). Bind with the model deployment:
+    ``RegionIngress.options(...).bind(model_app, config_dict)``."""
+
+    async def __init__(self, model, config: dict):
+        await self._setup(model, config)
+
+    async def _http(self, request: Request, kind: str) -> Response:
+        t_arrive = _now()
+        cfg = self.cfg
+        try:
+            raw = await request.body()
+            body, text, stream, max_tokens, allowed = validate_body(
+                raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens)
+            hdr = request.headers.get("x-allowed-regions")
+            if hdr is not None:
+                h_allowed = _parse_allowed(hdr, "header x-allowed-regions")
+                allowed = h_allowed if allowed is None else (allowed & h_allowed)
+                if not allowed:
+                    raise GeoHTTPError(400, "header x-allowed-regions and body allowed_regions have no region "
+                                            "in common", param="allowed_regions")
+            session = request.headers.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
+            meta, out = await self.process(body, text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
+                                           origin=self.region, session=session, request_id=_request_id())
+        except GeoHTTPError as e:
+            if e.status == 400:
+                self.counters["bad_requests"] += 1
+            return e.response({HEADER_PREFIX + "origin": self.region})
+        rid = "chatcmpl-" + uuid.uuid4().hex[:24] if kind == "chat" else "cmpl-" + uuid.uuid4().hex[:24]
+        created = int(time.time())
+        headers = _headers(meta)
+        if not stream:
+            text_out = _result_text(out)
+            if kind == "chat":
+                choice = {"index": 0, "message": {"role": "assistant", "content": text_out}, "finish_reason": "length"}
+                obj = "chat.completion"
+            else:
+                choice = {"index": 0, "text": text_out, "logprobs": None, "finish_reason": "length"}
+                obj = "text_completion"
+            payload = {"id": rid, "object": obj, "created": created, "model": cfg.model_name, "choices": [choice],
+                       "usage": _usage(out if isinstance(out, dict) else {})}
+            return JSONResponse(payload, headers=headers)
+        return StreamingResponse(self._sse(out, kind, rid, created), media_type="text/event-stream", headers=headers)
+
+    async def _sse(self, tokens: AsyncIterator, kind: str, rid: str, created: int):
+        model = self.cfg.model_name
+        n = 0
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        try:
+            async for tok in tokens:
+                if isinstance(tok, dict):  # a server may stream dict chunks
+                    tok = tok.get("text", "")
+                if kind == "chat":
+                    delta = {"content": str(tok)}
+                    if n == 0:
+                        delta["role"] = "assistant"
+                    choice = {"index": 0, "delta": delta, "finish_reason": None}
+                else:
+                    choice = {"index": 0, "text": str(tok), "logprobs": None, "finish_reason": None}
+                n += 1
+                yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                                             "choices": [choice]}) + "\n\n"
+            last = ({"index": 0, "delta": {}, "finish_reason": "length"} if kind == "chat"
+                    else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
+            yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                                         "choices": [last], "usage": {"completion_tokens": n}}) + "\n\n"
+        except Exception as e:  # noqa: BLE001 - headers are sent: report the error in-band
+            err = _as_http_error(e, self.region)
+            msg = err.message if err is not None else f"{type(e).__name__}: {e}"
+            yield "data: " + json.dumps({"error": {"message": msg, "type": "stream_error"}}) + "\n\n"
+        yield "data: [DONE]\n\n"
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self._http(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._http(request, "completion")
+
+    @app.get("/v1/models")
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0,
+                                            "owned_by": "ray_geolb", "region": self.region}]}
+
+    @app.get("/healthz")
+    async def healthz(self):
+        reg = None if self.registry is None else self.registry.status()
+        return {"status": "ok", "region": self.region, "registry": reg,
+                "available_peers": sorted(self.router.available_peers(_now()))}
+
+    @app.get("/v1/geolb/state")
+    async def geolb_state(self):
+        return self.state()
+
+    async def check_health(self):
+        return None
