@@ -45,6 +45,7 @@ class TtftModelConfig(_Strict):
     min_spread_tokens: int = Field(64, ge=1, description="max-min of x a fit needs (a slope needs distinct prompt lengths)")
     max_tp_s: float = Field(0.05, gt=0.0, description="upper clamp on a fitted t_p")
     max_pairs: int = Field(4096, ge=16, description="pairwise slopes evaluated per fit (evenly strided beyond this)")
+    refit_every: int = Field(4, ge=1, description="refit a key after this many new samples (a fit is O(window^2))")
 
 
 def theil_sen(xs: List[float], ys: List[float], max_pairs: int = 4096) -> Optional[Tuple[float, float]]:
@@ -70,13 +71,14 @@ def theil_sen(xs: List[float], ys: List[float], max_pairs: int = 4096) -> Option
 
 
 class _Window:
-    __slots__ = ("xs", "ys", "fit", "dirty")
+    __slots__ = ("xs", "ys", "fit", "dirty", "fitted")
 
     def __init__(self, n: int):
         self.xs: Deque[float] = deque(maxlen=n)
         self.ys: Deque[float] = deque(maxlen=n)
         self.fit: Optional[Tuple[float, float]] = None
-        self.dirty = False
+        self.dirty = 0  # samples added since the last fit
+        self.fitted = False  # a fit was attempted with enough samples
 
 
 class TtftModel:
@@ -102,7 +104,7 @@ class TtftModel:
                 w = self._w[k] = _Window(self.config.window)
             w.xs.append(x)
             w.ys.append(y)
-            w.dirty = True
+            w.dirty += 1
         return True
 
     def forget(self, key: Hashable) -> None:
@@ -117,9 +119,9 @@ class TtftModel:
         w = self._w.get(key)
         if w is None:
             return None
-        if w.dirty:
-            w.dirty = False
-            cfg = self.config
+        cfg = self.config
+        if w.dirty and (w.dirty >= cfg.refit_every or not w.fitted or w.fit is None):
+            w.dirty = 0
             w.fit = None
             if len(w.xs) >= cfg.min_samples and max(w.xs) - min(w.xs) >= cfg.min_spread_tokens:
                 f = theil_sen(list(w.xs), list(w.ys), cfg.max_pairs)
@@ -129,6 +131,7 @@ class TtftModel:
                     # re-centre the intercept on the clamped slope
                     b = median(y - s * x for x, y in zip(w.xs, w.ys)) if s != f[1] else b
                     w.fit = (max(0.0, b), s)
+                    w.fitted = True
         return w.fit
 
     def line(self, key: Hashable = POOLED) -> Tuple[float, float, str]:
