@@ -1,0 +1,138 @@
+"""Scenarios at a tiny scale, the simulate CLI, plots, and the Ray sweep == the sequential sweep."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from ray_geolb.sim.cli import add_simulate_parser, run_simulate
+from ray_geolb.sim.deploy import SYSTEMS, register_system
+from ray_geolb.sim.metrics import dumps
+from ray_geolb.sim.scenarios import run_one, scenario_names, scenario_runs
+from ray_geolb.sim.sweep import grid, run_many
+
+
+def _parse(argv):
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="test")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_simulate_parser(sub)
+    return ap.parse_args(["simulate", *argv])
+
+
+@pytest.mark.parametrize("name", ["skylb-fig8", "skylb-fig9", "skylb-fig10", "ray-blog-prefix"])
+def test_every_scenario_runs_at_tiny_scale(name):
+    scale = {"skylb-fig8": 0.1, "skylb-fig9": 0.3, "skylb-fig10": 0.1, "ray-blog-prefix": 0.02}[name]
+    runs = scenario_runs(name, scale=scale, duration_s=8.0)
+    systems = {r["system"] for r in runs}
+    expected = {"skylb-fig8": {"skylb", "skylb-ch", "rr", "ll", "ch", "sgl"}, "skylb-fig9": {"bp", "sp-o", "sp-p"},
+                "skylb-fig10": {"region-local", "skylb"}, "ray-blog-prefix": {"p2c", "ray-prefix", "skylb"}}[name]
+    assert expected <= systems
+    if name == "skylb-fig8":  # one run per panel is enough here: keep the test fast
+        runs = [r for r in runs if r["system"] in ("skylb", "sgl")]
+    for r in runs:
+        m = run_one(r)
+        c = m["counters"]
+        assert c["requests_completed"] > 0, r["label"]
+        assert c["requests_sent"] == c["requests_completed"] + c["requests_rejected"] + c["in_flight_at_end"]
+        assert len(m["ttft_cdf"]) == 101 and m["ttft_cdf"] == sorted(m["ttft_cdf"])
+        if r["system"] == "region-local":
+            assert m["cross_region_share"] == 0.0
+        if name == "ray-blog-prefix":  # drained: every prompt answered
+            assert c["in_flight_at_end"] == 0 and c["programs_completed"] == c["programs_started"]
+
+
+def test_scenario_sizes_follow_the_papers():
+    fig9 = scenario_runs("skylb-fig9")
+    assert {json.dumps(r["replicas"]) for r in fig9} == {'{"us": 4}'}
+    assert fig9[0]["workload"]["kw"]["clients"] == {"us": 30}
+    fig10 = scenario_runs("skylb-fig10")
+    assert sorted({sum(r["replicas"].values()) for r in fig10}) == [6, 9, 12]
+    assert fig10[0]["workload"]["kw"]["clients"] == {"us": 120, "eu": 40, "asia": 40}
+    fig8 = scenario_runs("skylb-fig8")
+    wild = [r for r in fig8 if r["group"] == "conv-wildchat"][0]
+    assert wild["replicas"] == {"us": 3, "eu": 3, "asia": 2}
+    blog = scenario_runs("ray-blog-prefix")
+    assert sorted({r["replicas"]["us"] for r in blog}) == [1, 2, 4, 8]
+    with pytest.raises(ValueError, match="unknown scenario"):
+        scenario_runs("fig99")
+    assert set(scenario_names()) == {"skylb-fig8", "skylb-fig9", "skylb-fig10", "ray-blog-prefix"}
+
+
+def test_register_system_is_one_line():
+    register_system("test-ll-local", "per-region", "least_load", "test only")
+    try:
+        runs = grid(["test-ll-local"], [0], [{"us": 1, "eu": 1}], {"name": "tot", "kw": {"clients": {"us": 3, "eu": 1}}},
+                    {"duration_s": 5.0})
+        m = run_one(runs[0])
+        assert m["system"] == "test-ll-local" and m["counters"]["requests_completed"] > 0
+    finally:
+        SYSTEMS.pop("test-ll-local")
+
+
+def test_cli_writes_json_table_and_png(tmp_path, capsys):
+    out = tmp_path / "o"
+    args = _parse(["--workload", "tot", "--policy", "skylb,ll", "--regions", "us=2,eu=1", "--clients", "us=6,eu=2",
+                   "--duration", "6", "--out", str(out), "--no-progress"])
+    assert run_simulate(args) == 0
+    text = capsys.readouterr().out
+    assert "skylb" in text and "ll" in text and "req/s" in text
+    data = json.loads((out / "results.json").read_text())
+    assert [r["system"] for r in data["runs"]] == ["skylb", "ll"]
+    assert (out / "simulate.png").stat().st_size > 10_000
+    first = (out / "results.json").read_bytes()
+    assert run_simulate(args) == 0  # same seed -> same bytes
+    assert (out / "results.json").read_bytes() == first
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--regions", "us=4,eu"], "--regions"),
+    (["--regions", "mars=2"], "unknown region"),
+    (["--policy", "skylb,nope"], "unknown system or policy 'nope'"),
+    (["--workload", "nope"], "unknown workload"),
+    (["--workload", "trace:/no/such/file.csv"], "not found"),
+    (["--duration", "0"], "--duration must be > 0"),
+    (["--profile", "h200"], "unknown engine profile"),
+    (["--data-dir", "/no/such/dir"], "is not a directory"),
+    (["--seeds", "1,x"], "--seeds"),
+])
+def test_cli_bad_arguments_are_argparse_errors(argv, msg, capsys):
+    args = _parse(argv + ["--no-progress"])
+    with pytest.raises(SystemExit) as e:
+        run_simulate(args)
+    assert e.value.code == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_cli_trace_replay(tmp_path):
+    from ray_geolb.sim.workloads.datasets import fixture_path
+
+    args = _parse(["--workload", f"trace:{fixture_path('azure_conv')}", "--policy", "skylb", "--regions", "us=2,eu=2",
+                   "--duration", "20", "--out", str(tmp_path), "--no-progress"])
+    assert run_simulate(args) == 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["runs"][0]["counters"]["requests_completed"] > 0
+    assert data["runs"][0]["workload"]["kind"] == "open"
+
+
+@pytest.mark.ray
+def test_sweep_on_ray_equals_sequential(tmp_path):
+    runs = grid(["skylb", "ll"], [0], [{"us": 1, "eu": 1}], {"name": "tot", "kw": {"clients": {"us": 4, "eu": 2}}},
+                {"duration_s": 6.0})
+    seq = run_many(runs, progress=False)
+    import tempfile
+
+    import ray
+
+    tmp = tempfile.mkdtemp(prefix="rsw")  # short: Ray's socket paths must stay under ~107 characters
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=tmp,
+             runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
+    try:
+        par = run_many(runs, ray=True, progress=False)  # uses the running local cluster
+    finally:
+        ray.shutdown()
+    assert [dumps(m) for m in par] == [dumps(m) for m in seq]
+    assert seq[0]["counters"]["requests_completed"] > 0
