@@ -26,8 +26,10 @@ len(regions)]`` (several "regions" on one node, for tests), else the node label
 Environment trap (this venv): torch is ``2.13.0+cpu`` but torchvision 0.28.0 is a CUDA build and
 torchaudio is 2.11, so importing vLLM's protocol models (``import ray.serve.llm``) crashes inside
 transformers (``operator torchvision::nms does not exist`` / ``Could not load _torchaudio``).
-:func:`guard_broken_torch_extras` blocks whichever of the two fails to import; the LLM helpers below
-install it as the ``worker_process_setup_hook`` of the server and ingress replicas.
+:func:`guard_broken_torch_extras` blocks whichever of the two fails to import. Install it as the
+JOB-level hook: ``ray.init(..., runtime_env={"worker_process_setup_hook": GUARD_HOOK})`` -- measured:
+the per-replica ``ray_actor_options.runtime_env`` hook that the helpers below also set did NOT run
+before the OpenAiIngress replica unpickled its class (which imports vLLM), so that replica failed.
 """
 
 from __future__ import annotations

@@ -1,0 +1,137 @@
+"""Real vLLM replicas: make waiting/running/KV usage visible to GeoPrefixRouter.
+
+Ray Serve LLM's stock ``LLMServer.record_routing_stats`` returns only KV-event endpoint metadata
+(no load). vLLM 0.29 auto-loads *stat logger plugins* (entry-point group
+``vllm.stat_logger_plugins``, which must name a ``StatLoggerBase`` subclass) into every ``AsyncLLM``
+and turns stats on for them. :class:`GeoStatLogger` is such a plugin: each ``record()`` stores the
+latest ``SchedulerStats`` (num_waiting_reqs, num_running_reqs, kv_cache_usage) plus the engine's
+capacity (max_num_seqs, num_gpu_blocks, block_size) in a module global, and :class:`GeoVLLMServer`
+(an ``LLMServer`` subclass, built lazily) returns them from ``record_routing_stats``.
+
+The entry point is declared in pyproject.toml::
+
+    [project.entry-points."vllm.stat_logger_plugins"]
+    ray_geolb = "ray_geolb.serve.stats_plugin:GeoStatLogger"
+
+and becomes visible after ``pip install -e .``. Note that vLLM loads it into every AsyncLLM in the
+environment (set ``VLLM_PLUGINS`` to restrict plugins).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Dict, Optional
+
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+__all__ = ["GeoStatLogger", "latest_stats", "reset_stats"]
+
+_LOCK = threading.Lock()
+_LATEST: Dict[int, Dict[str, Any]] = {}  # engine index -> stats dict
+_CAPACITY: Dict[int, Dict[str, Any]] = {}
+
+
+def latest_stats() -> Dict[str, Any]:
+    """Stats summed over this process's engines (data-parallel ranks), ``{}`` before the first record."""
+    with _LOCK:
+        if not _LATEST:
+            return {}
+        out: Dict[str, Any] = {"num_waiting": 0, "num_running": 0}
+        kv = []
+        ts = 0.0
+        for idx, s in _LATEST.items():
+            out["num_waiting"] += s["num_waiting"]
+            out["num_running"] += s["num_running"]
+            if s.get("kv_cache_usage") is not None:
+                kv.append(s["kv_cache_usage"])
+            ts = max(ts, s["timestamp"])
+            for k, v in _CAPACITY.get(idx, {}).items():
+                if v is not None:
+                    out[k] = out.get(k, 0) + v if k != "block_tokens" else v
+        if kv:
+            out["kv_cache_usage"] = sum(kv) / len(kv)
+        out["timestamp"] = ts
+        return out
+
+
+def reset_stats() -> None:
+    with _LOCK:
+        _LATEST.clear()
+        _CAPACITY.clear()
+
+
+class GeoStatLogger(StatLoggerBase):
+    """vLLM stat-logger plugin: keeps the latest scheduler stats for ``record_routing_stats``."""
+
+    def __init__(self, vllm_config: Any = None, engine_index: int = 0):
+        self.engine_index = engine_index
+        cap: Dict[str, Any] = {}
+        try:
+            cap["max_num_seqs"] = vllm_config.scheduler_config.max_num_seqs
+        except Exception:
+            pass
+        try:
+            cap["block_tokens"] = vllm_config.cache_config.block_size
+            cap["num_gpu_blocks"] = vllm_config.cache_config.num_gpu_blocks
+        except Exception:
+            pass
+        self._cap = cap
+        with _LOCK:
+            _CAPACITY[engine_index] = dict(cap)
+
+    def record(self, scheduler_stats=None, iteration_stats=None, mm_cache_stats=None, engine_idx: int = 0):
+        if scheduler_stats is None:
+            return
+        s = {
+            "num_waiting": int(scheduler_stats.num_waiting_reqs),
+            "num_running": int(scheduler_stats.num_running_reqs),
+            "kv_cache_usage": float(scheduler_stats.kv_cache_usage),
+            "timestamp": time.time(),
+        }
+        with _LOCK:
+            _LATEST[engine_idx] = s
+
+    def log_engine_initialized(self):
+        # num_gpu_blocks is only known once the engine profiled memory
+        with _LOCK:
+            cap = _CAPACITY.setdefault(self.engine_index, {})
+            cap.update({k: v for k, v in self._cap.items() if v is not None})
+
+    def log(self):
+        pass
+
+
+_LAZY: Dict[str, Any] = {}
+
+
+def _build_server():
+    if _LAZY:
+        return _LAZY["GeoVLLMServer"]
+    from ray.llm._internal.serve.core.server.llm_server import LLMServer
+
+    from ray_geolb.serve.llm_server import replica_region
+
+    class GeoVLLMServer(LLMServer):
+        """Stock vLLM LLMServer whose routing stats carry the engine's load (from GeoStatLogger)."""
+
+        async def record_routing_stats(self) -> Dict[str, Any]:
+            base = await super().record_routing_stats()
+            out = dict(base or {})
+            out.update(latest_stats())
+            return out
+
+        def record_replica_metadata(self) -> dict:
+            o = (self._llm_config.experimental_configs or {}).get("geolb") or {}
+            return {"region": replica_region(o.get("region"), o.get("regions"))}
+
+    GeoVLLMServer.__module__ = __name__
+    GeoVLLMServer.__qualname__ = "GeoVLLMServer"
+    _LAZY["GeoVLLMServer"] = GeoVLLMServer
+    return GeoVLLMServer
+
+
+def __getattr__(name):
+    if name == "GeoVLLMServer":
+        return _build_server()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

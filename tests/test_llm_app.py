@@ -1,0 +1,137 @@
+"""End to end: LLMConfig(server_cls=EmulatedLLMServer) + build_openai_app (stock OpenAiIngress) with
+request_router_class=GeoPrefixRouter, over HTTP on the Serve proxy port; plus the vLLM stat-logger
+plugin on CPU."""
+
+import json
+import socket
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+ray = pytest.importorskip("ray")
+from ray import serve  # noqa: E402
+
+from ray_geolb.serve.llm_server import GUARD_HOOK, guard_broken_torch_extras  # noqa: E402
+
+guard_broken_torch_extras()  # this venv: CUDA torchvision / torchaudio 2.11 over torch 2.13+cpu
+pytest.importorskip("vllm")
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def _post(url, body, timeout=60):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.headers.get("content-type", ""), r.read().decode()
+
+
+def test_stat_logger_plugin_records_scheduler_stats():
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from ray_geolb.serve import stats_plugin as sp
+
+    sp.reset_stats()
+    assert sp.latest_stats() == {}
+    lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
+    lg.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25), None)
+    s = sp.latest_stats()
+    assert s["num_waiting"] == 2 and s["num_running"] == 3 and s["kv_cache_usage"] == 0.25
+    assert abs(s["timestamp"] - time.time()) < 5
+    lg.record(None, None)  # iteration-only record: keeps the last scheduler stats
+    assert sp.latest_stats()["num_waiting"] == 2
+    from ray_geolb.policy import ReplicaStats
+
+    rs = ReplicaStats.from_dict(s)
+    assert (rs.num_waiting, rs.num_running, rs.kv_cache_usage) == (2, 3, 0.25)
+
+
+def test_stat_logger_plugin_entry_point_is_discoverable():
+    from importlib.metadata import entry_points
+
+    from vllm.v1.metrics.loggers import load_stat_logger_plugin_factories
+
+    from ray_geolb.serve.stats_plugin import GeoStatLogger
+
+    eps = [e for e in entry_points(group="vllm.stat_logger_plugins") if e.name == "ray_geolb"]
+    assert eps, "entry point missing: run `pip install -e /work/main`"
+    assert eps[0].load() is GeoStatLogger
+    assert GeoStatLogger in load_stat_logger_plugin_factories()  # vLLM's own loader accepts it
+
+
+def test_geo_vllm_server_class_builds():
+    from ray.llm._internal.serve.core.server.llm_server import LLMServer
+
+    from ray_geolb.serve.stats_plugin import GeoVLLMServer
+
+    assert issubclass(GeoVLLMServer, LLMServer)
+    assert GeoVLLMServer.__module__ == "ray_geolb.serve.stats_plugin"
+
+
+@pytest.fixture(scope="module")
+def llm_app():
+    from ray_geolb.serve.llm_server import build_emulated_openai_app, emulated_llm_config
+
+    tmp = tempfile.mkdtemp(prefix="/tmp/rgL")
+    # job-level hook: a per-replica runtime_env hook did not run before the OpenAiIngress replica
+    # unpickled its class (which imports vLLM) in Ray 2.60
+    ctx = ray.init(address="local", num_cpus=4, include_dashboard=False, _temp_dir=tmp,
+                   logging_level="warning", log_to_driver=False,
+                   runtime_env={"worker_process_setup_hook": GUARD_HOOK})
+    assert ctx.address_info["node_id"]
+    port = _free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    cfg = emulated_llm_config("emu-llama", num_replicas=2, router_kwargs={"policy": "skylb"},
+                              time_scale=0.01, output_tokens=6)
+    serve.run(build_emulated_openai_app([cfg]), name="llm", route_prefix="/")
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()
+    ray.shutdown()
+
+
+def test_openai_chat_non_streaming_over_http(llm_app):
+    body = {"model": "emu-llama", "messages": [{"role": "user", "content": "hello " * 50}], "max_tokens": 5}
+    st, ct, text = _post(llm_app + "/v1/chat/completions", body)
+    assert st == 200 and "json" in ct
+    out = json.loads(text)
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"]["content"].count("tok") == 5
+    assert out["usage"]["completion_tokens"] == 5
+    assert out["system_fingerprint"].startswith("geolb-")
+
+
+def test_openai_chat_streaming_and_affinity_over_http(llm_app):
+    sys_prompt = "You are terse. " * 100
+    fps = []
+    for turn in range(3):
+        msgs = [{"role": "system", "content": sys_prompt}]
+        for k in range(turn + 1):
+            msgs.append({"role": "user", "content": f"question {k} " * 20})
+            if k < turn:
+                msgs.append({"role": "assistant", "content": "tok0 tok1 tok2 "})
+        body = {"model": "emu-llama", "messages": msgs, "max_tokens": 3, "stream": True}
+        st, ct, text = _post(llm_app + "/v1/chat/completions", body)
+        assert st == 200 and "text/event-stream" in ct
+        events = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        content = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        assert content.count("tok") == 3
+        fps.append(chunks[0]["system_fingerprint"])
+    # turns of one conversation stay on one replica (the router lives in the ingress replica)
+    assert len(set(fps)) == 1, fps
+
+
+def test_openai_completions_over_http(llm_app):
+    st, _, text = _post(llm_app + "/v1/completions", {"model": "emu-llama", "prompt": "once upon a time", "max_tokens": 4})
+    out = json.loads(text)
+    assert st == 200 and out["choices"][0]["text"].count("tok") == 4
