@@ -358,7 +358,7 @@ class RegionIngressImpl:
                 self.router.update_peer(ps)
         if self.region not in table.get("snapshot_versions", {}) and self.router.snapshot.num_nodes:
             self._snapshot_dirty = True  # the registry restarted: send our snapshot again
-        self._kick()
+        self._kick_all()
 
     async def _load_snapshot(self) -> None:
         """A restarted ingress reloads its regional snapshot from the registry (once)."""
@@ -412,15 +412,22 @@ class RegionIngressImpl:
         if self._queue:
             self._queue[0].set()
 
-    async def _admit(self, rreq: RouteRequest):
+    def _kick_all(self) -> None:
+        for ev in self._queue:
+            ev.set()
+
+    async def _admit(self, rreq: RouteRequest, max_wait_s: Optional[float] = None):
         """A non-hold decision, after waiting FCFS in this ingress's queue if needed."""
         cfg = self.cfg
+        max_wait = cfg.max_wait_s if max_wait_s is None else min(cfg.max_wait_s, max_wait_s)
         t0 = _now()
         reason = "queued behind earlier requests"
-        if not self._queue:
-            d = self.router.decide(rreq, t0)
-            if d.kind != "hold":
-                return d
+        d = self.router.decide(rreq, t0)
+        # Strict FCFS for local capacity: behind waiting requests a newcomer may not take a local
+        # replica -- but it may be forwarded (a peer's capacity is not what the queue waits for).
+        if d.kind != "hold" and (not self._queue or d.kind != "local"):
+            return d
+        if d.kind == "hold":
             reason = d.reason
         if len(self._queue) >= cfg.max_queue:
             self.counters["queue_full"] += 1
@@ -430,23 +437,29 @@ class RegionIngressImpl:
         self.counters["held"] += 1
         ev = asyncio.Event()
         self._queue.append(ev)
-        deadline = t0 + cfg.max_wait_s
+        deadline = t0 + max_wait
+        first = True
         try:
             while True:
-                if self._queue[0] is ev:
+                head = self._queue[0] is ev
+                if not first:
                     d = self.router.decide(rreq, _now())
-                    if d.kind != "hold":
+                    if d.kind != "hold" and (head or d.kind != "local"):
                         return d
-                    reason = d.reason
+                    if d.kind == "hold":
+                        reason = d.reason
+                first = False
                 remaining = deadline - _now()
                 if remaining <= 0:
                     self.counters["wait_timeout"] += 1
                     raise GeoHTTPError(503, f"region {self.region}: no replica became available within "
-                                            f"{cfg.max_wait_s:g} s ({reason})",
+                                            f"{max_wait:g} s ({reason})",
                                        type_="wait_timeout", retry_after_s=cfg.retry_after_s, region=self.region)
                 ev.clear()
+                # the head re-decides every poll_s; the others when the peer table changes (kick_all)
+                timeout = cfg.poll_s if self._queue[0] is ev else max(cfg.poll_s, 0.25)
                 try:
-                    await asyncio.wait_for(ev.wait(), min(remaining, cfg.poll_s))
+                    await asyncio.wait_for(ev.wait(), min(remaining, timeout))
                 except asyncio.TimeoutError:
                     pass
         finally:
@@ -461,7 +474,7 @@ class RegionIngressImpl:
     # ------------------------------------------------------------ request processing
     async def process(self, body: PromptBody, text: str, *, stream: bool, max_tokens: int,
                       allowed: Optional[FrozenSet[str]], hops: int, origin: str, session: Optional[str],
-                      request_id: str, waited_ms: float = 0.0):
+                      request_id: str, waited_ms: float = 0.0, max_wait_s: Optional[float] = None):
         """Route and run one request. Returns ``(meta, result_dict)`` or ``(meta, async token iterator)``."""
         self.counters["requests"] += 1
         if allowed is not None:
@@ -475,7 +488,7 @@ class RegionIngressImpl:
         excluded: set = set()
         for attempt in range(3):
             t0 = _now()
-            d = await self._admit(rreq)
+            d = await self._admit(rreq, max_wait_s)
             wait_ms = waited_ms + (_now() - t0) * 1000.0
             if d.kind == "reject":
                 self.counters["rejected"] += 1
@@ -486,7 +499,8 @@ class RegionIngressImpl:
                 return await self._run_local(body, stream, max_tokens, request_id, d, wait_ms, hops, origin)
             peer = d.target
             try:
-                return await self._forward(peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session)
+                return await self._forward(peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session,
+                                           max_wait_s)
             except GeoHTTPError:
                 raise
             except _ForwardFailed as e:
@@ -565,15 +579,18 @@ class RegionIngressImpl:
 
         return meta, tokens()
 
-    async def _forward(self, peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session):
+    async def _forward(self, peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session,
+                       max_wait_s=None):
         now = _now()
         self.router.on_forward(rreq, peer, now)
         self._snapshot_dirty = True
         ps = self.router.peers.get(peer)
-        if ps is not None and ps.available_replicas > 0:
-            ps.available_replicas -= 1  # optimistic: until the next heartbeat says otherwise
+        if ps is not None:
+            # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
+            # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
+            ps.queue_len += 1
         self.counters["forwarded_out"] += 1
-        fmeta = {"hops": rreq.hops + 1, "origin": origin, "allowed_regions": sorted(rreq.allowed_regions)
+        fmeta = {"hops": rreq.hops + 1, "max_wait_s": max_wait_s, "origin": origin, "allowed_regions": sorted(rreq.allowed_regions)
                  if rreq.allowed_regions is not None else None, "session": session, "stream": stream,
                  "max_tokens": max_tokens, "request_id": rreq.request_id, "waited_ms": wait_ms,
                  "forward_reason": d.reason, "forward_matched": d.matched}
@@ -632,7 +649,7 @@ class RegionIngressImpl:
         return await self.process(body, text, stream=False, max_tokens=int(fmeta["max_tokens"]), allowed=allowed,
                                   hops=max(1, int(fmeta.get("hops", 1))), origin=fmeta.get("origin", "?"),
                                   session=fmeta.get("session"), request_id=fmeta.get("request_id") or _request_id(),
-                                  waited_ms=float(fmeta.get("waited_ms", 0.0)))
+                                  waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"))
 
     async def forwarded_stream(self, body: dict, fmeta: dict):
         """Streaming variant: yields the metadata dict first, then the tokens."""
@@ -644,7 +661,7 @@ class RegionIngressImpl:
                                         allowed=allowed, hops=max(1, int(fmeta.get("hops", 1))),
                                         origin=fmeta.get("origin", "?"), session=fmeta.get("session"),
                                         request_id=fmeta.get("request_id") or _request_id(),
-                                        waited_ms=float(fmeta.get("waited_ms", 0.0)))
+                                        waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"))
         yield meta
         async for t in toks:
             yield t
@@ -737,9 +754,20 @@ class RegionIngress(RegionIngressImpl):
                 if not allowed:
                     raise GeoHTTPError(400, "header x-allowed-regions and body allowed_regions have no region "
                                             "in common", param="allowed_regions")
+            max_wait_s = None
+            mw = request.headers.get("x-geolb-max-wait-s")
+            if mw is not None:
+                try:
+                    max_wait_s = float(mw)
+                except ValueError:
+                    max_wait_s = float("nan")
+                if not (math.isfinite(max_wait_s) and max_wait_s >= 0):
+                    raise GeoHTTPError(400, f"header x-geolb-max-wait-s must be a number >= 0, got {mw!r}",
+                                       param="x-geolb-max-wait-s")
             session = request.headers.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
             meta, out = await self.process(body, text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
-                                           origin=self.region, session=session, request_id=_request_id())
+                                           origin=self.region, session=session, request_id=_request_id(),
+                                           max_wait_s=max_wait_s)
         except GeoHTTPError as e:
             if e.status == 400:
                 self.counters["bad_requests"] += 1

@@ -1,0 +1,317 @@
+"""Three regions on a real local Ray Serve cluster: one labelled Ray node per region (us = head, eu,
+asia), one region app each (RegionIngress + emulated engines pinned by label_selector), the real HTTP
+proxy, the real registry actor. ONE cluster for the whole module.
+
+Engines: max_num_seqs=2 per replica and real-time steps (~10 ms/token), so a replica is saturated by a
+handful of requests; inter-region latency injected at 0.1x the default RTT table.
+"""
+
+import asyncio
+import json
+import socket
+import tempfile
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+httpx = pytest.importorskip("httpx")
+
+from ray import serve  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
+from ray_geolb.serve.ingress import INGRESS_DEPLOYMENT  # noqa: E402
+from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+REGIONS = {"us": 1, "eu": 1, "asia": 1}
+LABEL = "ray.io/availability-region"
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+@pytest.fixture(scope="module")
+def geo():
+    tmp = tempfile.mkdtemp(prefix="geolb_mr_")
+    cluster = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "labels": {LABEL: "us"}, "include_dashboard": False, "temp_dir": tmp})
+    try:
+        for r in ("eu", "asia"):
+            cluster.add_node(num_cpus=1, labels={LABEL: r})
+        ray.init(address=cluster.address, log_to_driver=False, namespace="geolb_test_mr")
+        cluster.wait_for_nodes()
+        port = _free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        apps = build_region_apps(
+            REGIONS, time_scale=1.0, output_tokens=16, engine_overrides={"max_num_seqs": 2},
+            latency={"scale": 0.1}, ingress={"max_queue": 10, "max_wait_s": 20.0})
+        deploy_region_apps(apps)
+        base = f"http://127.0.0.1:{port}"
+        # wait until every ingress sees both peers through the registry
+        deadline = time.time() + 60
+        with httpx.Client(timeout=30) as c:
+            while True:
+                states = [c.get(f"{base}/{r}/v1/geolb/state").json() for r in REGIONS]
+                if all(len(s["available_peers"]) == 2 for s in states):
+                    break
+                assert time.time() < deadline, f"peers never became visible: {states}"
+                time.sleep(0.5)
+        yield base
+    finally:
+        try:
+            serve.shutdown()
+        except Exception:
+            pass
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def chat(content, n=16, **extra):
+    return {"model": "geolb-emulated", "messages": [{"role": "user", "content": content}], "max_tokens": n, **extra}
+
+
+async def burst(base, region, bodies, headers=None):
+    async with httpx.AsyncClient(timeout=120) as c:
+        return await asyncio.gather(*[c.post(f"{base}/{region}/v1/chat/completions", json=b, headers=headers or {})
+                                      for b in bodies])
+
+
+def geoh(r):
+    return {k[len("x-geolb-"):]: v for k, v in r.headers.items() if k.startswith("x-geolb-")}
+
+
+async def wait_idle(base, regions=REGIONS, timeout=30):
+    """Wait until every region reports an available replica and an empty queue again."""
+    deadline = time.time() + timeout
+    async with httpx.AsyncClient(timeout=30) as c:
+        while True:
+            sts = [(await c.get(f"{base}/{r}/v1/geolb/state")).json() for r in regions]
+            if all(s["local_available"] > 0 and s["lb_queue_len"] == 0 for s in sts) and \
+                    all(len(s["available_peers"]) == len(regions) - 1 for s in sts):
+                return
+            assert time.time() < deadline, sts
+            await asyncio.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------- HTTP
+def test_models_health_and_headers(geo):
+    with httpx.Client(timeout=60) as c:
+        m = c.get(f"{geo}/eu/v1/models").json()
+        assert m["data"][0]["id"] == "geolb-emulated" and m["data"][0]["region"] == "eu"
+        h = c.get(f"{geo}/asia/healthz").json()
+        assert h["status"] == "ok" and h["region"] == "asia" and h["registry"]["connected"]
+        r = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 5
+        assert body["choices"][0]["message"]["role"] == "assistant"
+        g = geoh(r)
+        assert g["region"] == "us" and g["route"] == "local" and g["origin"] == "us"
+        assert g["replica"] and g["reason"] and float(g["queue-wait-ms"]) >= 0
+        # the same prompt again: the router matched its prefix
+        r2 = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5))
+        assert int(geoh(r2)["matched-prefix"]) > 100 and geoh(r2)["replica"] == g["replica"]
+
+
+def test_streaming_sse(geo):
+    with httpx.Client(timeout=60) as c:
+        for path, body in (("chat/completions", chat("stream please " * 10, n=6, stream=True)),
+                           ("completions", {"prompt": "once upon a time " * 10, "max_tokens": 4, "stream": True})):
+            r = c.post(f"{geo}/eu/v1/{path}", json=body)
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            assert geoh(r)["region"] == "eu" and geoh(r)["replica"]
+            events = [ln[len("data: "):] for ln in r.text.splitlines() if ln.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            n_tok = body["max_tokens"]
+            assert len(chunks) == n_tok + 1 and chunks[-1]["choices"][0]["finish_reason"] == "length"
+            if path == "chat/completions":
+                assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+                assert all(ch["object"] == "chat.completion.chunk" for ch in chunks)
+            else:
+                assert chunks[0]["choices"][0]["text"].startswith("tok")
+
+
+def test_bad_requests_name_the_problem(geo):
+    u = f"{geo}/us/v1/chat/completions"
+    with httpx.Client(timeout=30) as c:
+        cases = [
+            (c.post(u, content=b"{not json"), 400, "not valid JSON"),
+            (c.post(u, json=[1, 2]), 400, "JSON object"),
+            (c.post(u, json={"model": "geolb-emulated"}), 400, "'messages'"),
+            (c.post(u, json={"messages": []}), 400, "'messages'"),
+            (c.post(u, json={"messages": [{"content": "no role"}]}), 400, "role"),
+            (c.post(u, json=chat("x", n=0)), 400, "max_tokens"),
+            (c.post(u, json=chat("x", stream="yes")), 400, "stream"),
+            (c.post(u, json={**chat("x"), "model": "gpt-17"}), 404, "gpt-17"),
+            (c.post(u, json={**chat("x"), "allowed_regions": ["mars"]}), 400, "mars"),
+            (c.post(u, json=chat("x"), headers={"x-allowed-regions": ",,"}), 400, "x-allowed-regions"),
+            (c.post(u, json=chat("x"), headers={"x-geolb-max-wait-s": "soon"}), 400, "x-geolb-max-wait-s"),
+            (c.post(f"{geo}/us/v1/completions", json={"max_tokens": 3}), 400, "'prompt'"),
+        ]
+        for r, status, needle in cases:
+            assert r.status_code == status, (needle, r.status_code, r.text)
+            err = r.json()["error"]
+            assert needle in err["message"], (needle, err)
+            assert err["code"] == status
+
+
+# ---------------------------------------------------------------------------------------------- routing
+def test_local_while_not_saturated(geo):
+    async def run():
+        await wait_idle(geo)
+        out = []
+        for i in range(6):  # one at a time: us is never saturated
+            out += await burst(geo, "us", [chat(f"sequential {i} " * 30, n=4)])
+        return out
+
+    rs = asyncio.run(run())
+    assert all(r.status_code == 200 for r in rs)
+    assert {geoh(r)["route"] for r in rs} == {"local"} and {geoh(r)["region"] for r in rs} == {"us"}
+
+
+def test_forward_only_when_saturated(geo):
+    async def run():
+        await wait_idle(geo)
+        return await burst(geo, "us", [chat(f"burst user {i} " * 40, n=40) for i in range(12)])
+
+    rs = asyncio.run(run())
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200]
+    routes = [(geoh(r)["route"], geoh(r)["region"]) for r in rs]
+    local = [x for x in routes if x[0] == "local"]
+    fwd = [x for x in routes if x[0] == "forwarded"]
+    assert len(local) >= 2, routes  # us took what it could (2 seqs per replica) ...
+    assert fwd, routes  # ... and the overflow went to peers
+    assert all(reg in ("eu", "asia") for _, reg in fwd) and all(reg == "us" for _, reg in local)
+    assert all(geoh(r)["origin"] == "us" for r in rs)
+
+
+def test_hop_limit_forwarded_request_waits_at_peer(geo):
+    """eu is saturated while us and asia are free: a request forwarded to eu (hops=1) is served in eu
+    after waiting -- never forwarded again -- while a fresh eu request (hops=0) would be forwarded."""
+    eu = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name="geolb-eu")
+
+    async def run():
+        await wait_idle(geo)
+        async with httpx.AsyncClient(timeout=120) as c:
+            fill = [asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions", json=chat(f"fill eu {i} " * 30, n=60),
+                                                 headers={"x-allowed-regions": "eu"})) for i in range(6)]
+            for _ in range(100):  # until eu is saturated and holding
+                st = (await c.get(f"{geo}/eu/v1/geolb/state")).json()
+                if st["local_available"] == 0 and st["queue_len"] > 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert st["local_available"] == 0, st
+            t0 = time.monotonic()
+            fwd = eu.forwarded.remote(chat("forwarded from us " * 30, n=4),
+                                      {"hops": 1, "origin": "us", "max_tokens": 4, "request_id": "hop-test"})
+            fresh = asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions", json=chat("fresh eu request " * 30, n=4)))
+            meta, res = await fwd
+            waited = time.monotonic() - t0
+            fresh = await fresh
+            fills = await asyncio.gather(*fill)
+        return meta, res, waited, fresh, fills
+
+    meta, res, waited, fresh, fills = asyncio.run(run())
+    assert meta["region"] == "eu" and meta["hops"] == 1 and meta["origin"] == "us"
+    assert res["region"] == "eu"
+    assert meta["queue_wait_ms"] > 50 and waited > 0.05  # it waited in eu's queue
+    assert fresh.status_code == 200 and geoh(fresh)["route"] == "forwarded" and geoh(fresh)["region"] != "eu"
+    assert all(f.status_code == 200 and geoh(f)["region"] == "eu" for f in fills)
+
+
+def test_allowed_regions_never_violated(geo):
+    async def run():
+        await wait_idle(geo)
+        a = await burst(geo, "us", [chat(f"residency A {i} " * 40, n=30) for i in range(10)],
+                        headers={"x-allowed-regions": "us,eu"})
+        await wait_idle(geo)
+        b = await burst(geo, "asia", [chat(f"residency B {i} " * 40, n=30, allowed_regions=["asia"]) for i in range(6)])
+        await wait_idle(geo)
+        c = await burst(geo, "us", [chat(f"residency C {i} " * 40, n=10, allowed_regions="eu") for i in range(3)])
+        return a, b, c
+
+    a, b, c = asyncio.run(run())
+    assert all(r.status_code == 200 for r in a + b + c), [r.text for r in a + b + c if r.status_code != 200]
+    assert {geoh(r)["region"] for r in a} <= {"us", "eu"}
+    assert any(geoh(r)["route"] == "forwarded" for r in a)  # overflow went to eu, never asia
+    assert {geoh(r)["region"] for r in b} == {"asia"}  # held locally rather than sent away
+    assert {geoh(r)["region"] for r in c} == {"eu"}  # us itself is not allowed: forwarded to eu
+    assert {geoh(r)["route"] for r in c} == {"forwarded"}
+
+
+def test_queue_full_429_and_wait_limit_503(geo):
+    async def run():
+        await wait_idle(geo)
+        async with httpx.AsyncClient(timeout=120) as c:
+            reqs = [c.post(f"{geo}/asia/v1/chat/completions", json=chat(f"overload {i} " * 30, n=40),
+                           headers={"x-allowed-regions": "asia"}) for i in range(24)]
+            full = await asyncio.gather(*reqs)
+            await wait_idle(geo)
+            fill = [asyncio.ensure_future(c.post(f"{geo}/asia/v1/chat/completions", json=chat(f"slow {i} " * 30, n=80),
+                                                 headers={"x-allowed-regions": "asia"})) for i in range(3)]
+            await asyncio.sleep(0.4)
+            t0 = time.monotonic()
+            timed = await c.post(f"{geo}/asia/v1/chat/completions", json=chat("impatient " * 30, n=4),
+                                 headers={"x-allowed-regions": "asia", "x-geolb-max-wait-s": "0.3"})
+            dt = time.monotonic() - t0
+            await asyncio.gather(*fill)
+        return full, timed, dt
+
+    full, timed, dt = asyncio.run(run())
+    codes = [r.status_code for r in full]
+    assert set(codes) <= {200, 429} and codes.count(429) >= 1 and codes.count(200) >= 6, codes
+    for r in full:
+        if r.status_code == 429:
+            assert int(r.headers["retry-after"]) >= 1
+            err = r.json()["error"]
+            assert err["type"] == "queue_full" and "max_queue=10" in err["message"]
+            assert r.headers["x-geolb-region"] == "asia"
+    assert timed.status_code == 503, timed.text
+    assert timed.json()["error"]["type"] == "wait_timeout" and int(timed.headers["retry-after"]) >= 1
+    assert 0.25 < dt < 5
+
+
+def test_registry_killed_mid_run(geo):
+    """Kill the registry (Ray restarts it, empty) in the middle of a run: no request is lost, the
+    registry is rebuilt from heartbeats, and cross-region forwarding resumes."""
+    reg = ray.get_actor(DEFAULT_NAME, namespace=DEFAULT_NAMESPACE)
+
+    async def run():
+        await wait_idle(geo)
+        async with httpx.AsyncClient(timeout=120) as c:
+            async def client(k):
+                out = []
+                for i in range(6):
+                    out.append(await c.post(f"{geo}/us/v1/chat/completions", json=chat(f"steady {k} {i} " * 30, n=20)))
+                return out
+
+            tasks = [asyncio.ensure_future(client(k)) for k in range(4)]
+            await asyncio.sleep(0.8)
+            ray.kill(reg, no_restart=False)
+            killed_at = time.monotonic()
+            results = [r for t in await asyncio.gather(*tasks) for r in t]
+        # rebuilt: the restarted actor knows every region again
+        deadline = time.monotonic() + 30
+        while True:
+            table = await reg.table.remote()
+            if set(table["regions"]) == set(REGIONS) and table["uptime_s"] < time.monotonic() - killed_at + 1:
+                break
+            assert time.monotonic() < deadline, table
+            await asyncio.sleep(0.2)
+        await wait_idle(geo)
+        after = await burst(geo, "us", [chat(f"after restart {i} " * 40, n=40) for i in range(12)])
+        return results, after
+
+    results, after = asyncio.run(run())
+    assert len(results) == 24 and all(r.status_code == 200 for r in results), [r.text for r in results if r.status_code != 200]
+    assert all(r.status_code == 200 for r in after)
+    assert any(geoh(r)["route"] == "forwarded" for r in after), [geoh(r) for r in after]
