@@ -187,8 +187,8 @@ def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
 def delete_region_apps(apps: List[RegionApp]) -> None:
     from ray import serve
 
-    for a in apps:
+    for a in apps:  # ask for all deletions first, then wait for them together
         try:
-            serve.delete(a.name)
+            serve.delete(a.name, _blocking=False)
         except Exception:  # noqa: BLE001 - already gone
             pass

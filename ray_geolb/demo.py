@@ -1,0 +1,467 @@
+"""``python -m ray_geolb demo``: three regions on one machine, three routers, one table.
+
+What it does (CPU only, ~3 minutes with the defaults):
+
+1. starts a local Ray cluster of three nodes labelled ``ray.io/availability-region`` = us / eu / asia
+   (``ray.cluster_utils.Cluster``, its own temp dir) and Ray Serve with one HTTP proxy;
+2. for each router -- GeoPrefixRouter (SkyLB policy + cross-region forwarding), Ray's default
+   power-of-two router, Ray's PrefixCacheAffinityRouter (or our ``ray_prefix`` re-implementation if
+   ``ray.serve.llm`` cannot be imported) -- deploys one app per region (us 2 replicas, eu 1, asia 1;
+   emulated engines with the calibrated engine model; inter-region latency injected from the RTT
+   matrix), drives a regionally skewed workload (ShareGPT conversations re-sending their history +
+   Tree-of-Thoughts on GSM8K; most clients in us) through the real HTTP proxy with streaming requests,
+   then removes the apps;
+3. prints a side-by-side table (throughput, TTFT p50/p99, prefix-cache hit rate from the engines'
+   stats, cross-region share, errors) and writes ``demo.png`` + ``demo.json`` to ``--out``.
+
+Ctrl-C stops the run and still shuts Serve, Ray and the local cluster down (a second Ctrl-C during
+cleanup exits at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+LABEL = "ray.io/availability-region"
+ROUTER_LABELS = {"geo": "GeoPrefixRouter (SkyLB)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
+
+
+def _say(msg: str) -> None:
+    print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def _parse_clients(s: str) -> Dict[str, int]:
+    out = {}
+    for part in s.split(","):
+        if not part.strip():
+            continue
+        k, _, v = part.partition("=")
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad clients entry {part!r}: use region=N,region=N") from None
+        if out[k.strip()] < 0:
+            raise argparse.ArgumentTypeError(f"clients for {k!r} must be >= 0")
+    if not out:
+        raise argparse.ArgumentTypeError("clients: empty")
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m ray_geolb demo", description=__doc__.splitlines()[0])
+    ap.add_argument("--routers", default="geo,pow2,ray_prefix",
+                    help="comma-separated subset of geo,pow2,ray_prefix (default: all three)")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per router (default 30)")
+    ap.add_argument("--replicas", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
+                    help="replicas per region, e.g. us=2,eu=1,asia=1")
+    ap.add_argument("--conv-clients", type=_parse_clients, default={"us": 8, "eu": 2, "asia": 2},
+                    help="closed-loop conversation clients per region (default us=8,eu=2,asia=2)")
+    ap.add_argument("--tot-clients", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
+                    help="closed-loop Tree-of-Thoughts clients per region (default us=2,eu=1,asia=1)")
+    ap.add_argument("--max-tokens", type=int, default=32, help="cap on output tokens per request (default 32)")
+    ap.add_argument("--max-num-seqs", type=int, default=4,
+                    help="engine batch limit per replica (small = a busy GPU; default 4)")
+    ap.add_argument("--time-scale", type=float, default=1.0, help="engine wall seconds per engine second")
+    ap.add_argument("--latency-scale", type=float, default=1.0, help="multiplier on the inter-region RTTs")
+    ap.add_argument("--profile", default="llama3.1-8b-h100", help="engine profile (ray_geolb.sim.profiles)")
+    ap.add_argument("--out", default="out/demo", help="output directory for demo.png / demo.json")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    return ap
+
+
+# ---------------------------------------------------------------------------------------------- cluster
+def _free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def start_cluster(regions: List[str], tmp: str):
+    """A local multi-node Ray cluster, one node per region (the head is the first region)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+        "num_cpus": 1, "labels": {LABEL: regions[0]}, "include_dashboard": False, "temp_dir": tmp})
+    for r in regions[1:]:
+        cluster.add_node(num_cpus=1, labels={LABEL: r})
+    ray.init(address=cluster.address, log_to_driver=False, namespace="geolb_demo")
+    cluster.wait_for_nodes()
+    labels = sorted(n["Labels"].get(LABEL, "?") for n in ray.nodes() if n["Alive"])
+    if labels != sorted(regions):
+        raise RuntimeError(f"node labels {labels} do not match regions {regions}")
+    return cluster
+
+
+# ---------------------------------------------------------------------------------------------- workload
+def build_workloads(conv_clients, tot_clients, seed):
+    from ray_geolb.sim.workloads import conversation, tot
+
+    out = []
+    if sum(conv_clients.values()):
+        out.append(conversation("sharegpt", clients=conv_clients, seed=seed, max_message_chars=3000))
+    if sum(tot_clients.values()):
+        out.append(tot(2, clients=tot_clients, seed=seed, depth=3))
+    return out
+
+
+class LoadRun:
+    """Closed-loop clients over HTTP (streaming), for ``duration`` seconds."""
+
+    def __init__(self, base: str, workloads, duration: float, max_tokens: int, label: str):
+        self.base = base
+        self.workloads = workloads
+        self.duration = duration
+        self.max_tokens = max_tokens
+        self.label = label
+        self.records: List[dict] = []
+        self.inflight = 0
+        self._next: Dict[tuple, int] = {}
+
+    def _take(self, wi: int, region: str):
+        i = self._next.get((wi, region), 0)
+        self._next[(wi, region)] = i + 1
+        try:
+            return self.workloads[wi].closed.programs[region][i]
+        except IndexError:
+            return None
+
+    async def _call(self, client, region: str, call) -> None:
+        import httpx
+
+        if call.messages is not None:
+            path, body = "chat/completions", {"messages": call.messages}
+        else:
+            path, body = "completions", {"prompt": call.prompt}
+        body.update(max_tokens=max(1, min(call.output_tokens, self.max_tokens)), stream=True)
+        rec = {"region": region, "t0": time.monotonic(), "status": None, "ttft": None, "e2e": None,
+               "served": None, "route": None, "tokens": 0}
+        self.inflight += 1
+        try:
+            async with client.stream("POST", f"{self.base}/{region}/v1/{path}", json=body,
+                                     headers={"x-session-id": call.session_key}) as r:
+                rec["status"] = r.status_code
+                rec["served"] = r.headers.get("x-geolb-region")
+                rec["route"] = r.headers.get("x-geolb-route")
+                if r.status_code != 200:
+                    await r.aread()
+                else:
+                    async for line in r.aiter_lines():
+                        if line.startswith("data: {"):
+                            if rec["ttft"] is None:
+                                rec["ttft"] = time.monotonic() - rec["t0"]
+                            if '"error"' in line:
+                                rec["status"] = 599
+                            rec["tokens"] += 1
+            rec["e2e"] = time.monotonic() - rec["t0"]
+        except (httpx.HTTPError, OSError) as e:
+            rec["status"] = -1
+            rec["error"] = f"{type(e).__name__}: {e}"[:200]
+        finally:
+            self.inflight -= 1
+            rec["t1"] = time.monotonic()
+            self.records.append(rec)
+
+    async def _program(self, client, prog) -> None:
+        done = [asyncio.Event() for _ in prog.calls]
+
+        async def one(i, call):
+            for d in call.depends_on:
+                await done[d].wait()
+            try:
+                await self._call(client, prog.region, call)
+            finally:
+                done[i].set()
+
+        await asyncio.gather(*(one(i, c) for i, c in enumerate(prog.calls)))
+
+    async def _client(self, client, wi: int, region: str, stop_at: float) -> None:
+        think = self.workloads[wi].closed.think_time_s
+        while time.monotonic() < stop_at:
+            prog = self._take(wi, region)
+            if prog is None:
+                return
+            await self._program(client, prog)
+            if think:
+                await asyncio.sleep(think)
+
+    async def run(self) -> float:
+        import httpx
+
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
+            t0 = time.monotonic()
+            stop_at = t0 + self.duration
+            tasks = [asyncio.ensure_future(self._client(client, wi, region, stop_at))
+                     for wi, w in enumerate(self.workloads) for region, n in w.closed.clients.items()
+                     for _ in range(n)]
+            try:
+                while time.monotonic() < stop_at and not all(t.done() for t in tasks):
+                    await asyncio.sleep(min(5.0, max(0.05, stop_at - time.monotonic())))
+                    ok = [r for r in self.records if r["status"] == 200]
+                    fwd = sum(1 for r in ok if r["route"] == "forwarded")
+                    _say(f"  {self.label}: t={time.monotonic() - t0:4.0f}s  done={len(self.records)} ok={len(ok)} "
+                         f"in-flight={self.inflight} forwarded={fwd}")
+            finally:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            self.t0 = t0
+            return time.monotonic() - t0
+
+
+# ---------------------------------------------------------------------------------------------- stats
+def engine_stats(app_names: List[str]) -> Dict[str, dict]:
+    """``record_routing_stats()`` of every model replica of the given apps (engine counters)."""
+    import ray
+
+    from ray_geolb.serve.app import MODEL_DEPLOYMENT
+
+    out = {}
+    refs = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        name = a["name"] if isinstance(a, dict) else a
+        ns = a.get("namespace", "serve") if isinstance(a, dict) else "serve"
+        if not name.startswith("SERVE_REPLICA::"):
+            continue
+        app_dep = name[len("SERVE_REPLICA::"):].split("#")
+        if len(app_dep) >= 2 and app_dep[0] in app_names and app_dep[1] == MODEL_DEPLOYMENT:
+            try:
+                refs[name] = ray.get_actor(name, namespace=ns).record_routing_stats.remote()
+            except ValueError:
+                continue
+    for name, ref in refs.items():
+        try:
+            out[name] = ray.get(ref, timeout=10)
+        except Exception:  # noqa: BLE001 - a replica that does not answer is left out
+            pass
+    return out
+
+
+def _pct(xs: List[float], q: float) -> Optional[float]:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
+    return xs[k]
+
+
+def summarize(router: str, label: str, records: List[dict], t0: float, duration: float, stats: Dict[str, dict]) -> dict:
+    in_window = [r for r in records if r["t1"] <= t0 + duration]
+    ok = [r for r in in_window if r["status"] == 200 and r["ttft"] is not None]
+    ttft = [r["ttft"] for r in ok]
+    q = sum(s.get("prefix_cache_queries", 0) for s in stats.values())
+    h = sum(s.get("prefix_cache_hits", 0) for s in stats.values())
+    by_region = {}
+    for r in ok:
+        by_region.setdefault(r["region"], []).append(r["ttft"])
+    return {
+        "router": router,
+        "label": label,
+        "requests": len(in_window),
+        "ok": len(ok),
+        "errors": sum(1 for r in in_window if r["status"] != 200),
+        "throughput_rps": len(ok) / duration if duration > 0 else 0.0,
+        "ttft_p50_ms": None if not ttft else 1000 * _pct(ttft, 50),
+        "ttft_p99_ms": None if not ttft else 1000 * _pct(ttft, 99),
+        "ttft_p50_ms_by_origin": {k: 1000 * _pct(v, 50) for k, v in sorted(by_region.items())},
+        "prefix_hit_rate": (h / q) if q else None,
+        "cross_region_share": (sum(1 for r in ok if r["route"] == "forwarded") / len(ok)) if ok else 0.0,
+        "served_by_region": {reg: sum(1 for r in ok if r["served"] == reg) for reg in sorted({r["served"] for r in ok})},
+        "replicas_reporting": len(stats),
+    }
+
+
+def format_table(rows: List[dict]) -> str:
+    def f(v, fmt):
+        return "-" if v is None else format(v, fmt)
+
+    head = f"{'router':<26} {'ok/req':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'prefix hit':>10} {'cross-reg':>9}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(
+            f"{r['label']:<26} {str(r['ok']) + '/' + str(r['requests']):>9} {f(r['throughput_rps'], '.2f'):>6} "
+            f"{f(r['ttft_p50_ms'], '.0f') + ' ms':>9} {f(r['ttft_p99_ms'], '.0f') + ' ms':>9} "
+            f"{f(None if r['prefix_hit_rate'] is None else 100 * r['prefix_hit_rate'], '.1f') + ' %':>10} "
+            f"{f(100 * r['cross_region_share'], '.1f') + ' %':>9}")
+    return "\n".join(lines)
+
+
+def plot(rows: List[dict], path: Path) -> Optional[Path]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    metrics = [("throughput_rps", "throughput (req/s)", 1), ("ttft_p50_ms", "TTFT p50 (ms)", 1),
+               ("ttft_p99_ms", "TTFT p99 (ms)", 1), ("prefix_hit_rate", "prefix-cache hit (%)", 100),
+               ("cross_region_share", "cross-region (%)", 100)]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4))
+    labels = [r["label"].split(" (")[0].replace("PrefixCacheAffinity", "PrefixAff.") for r in rows]
+    colors = ["#2b8cbe", "#969696", "#fdae6b", "#a1d99b"][: len(rows)]
+    for ax, (key, title, mul) in zip(axes, metrics):
+        vals = [0.0 if r[key] is None else r[key] * mul for r in rows]
+        ax.bar(range(len(rows)), vals, color=colors)
+        ax.set_xticks(range(len(rows)), labels, rotation=25, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=9)
+        for i, v in enumerate(vals):
+            ax.text(i, v, f"{v:.1f}" if v < 100 else f"{v:.0f}", ha="center", va="bottom", fontsize=7)
+    fig.suptitle("ray_geolb demo: 3 regions (us 2 replicas, eu 1, asia 1), skewed load, emulated engines", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- main
+def run_router(router: str, args, base: str, workloads) -> dict:
+    from ray import serve
+
+    from ray_geolb.serve.app import build_region_apps, delete_region_apps, deploy_region_apps, ray_prefix_router_class
+
+    label = ROUTER_LABELS[router]
+    if router == "ray_prefix" and ray_prefix_router_class() is None:
+        label = "ray_prefix (our re-impl.)"
+    _say(f"{label}: deploying {len(args.replicas)} region apps ...")
+    t = time.monotonic()
+    apps = build_region_apps(args.replicas, router=router, engine_profile=args.profile, time_scale=args.time_scale,
+                             output_tokens=args.max_tokens, engine_overrides={"max_num_seqs": args.max_num_seqs},
+                             latency={"scale": args.latency_scale},
+                             ingress={"max_queue": 512, "max_wait_s": 60.0})
+    try:
+        deploy_region_apps(apps)
+        _say(f"{label}: deployed in {time.monotonic() - t:.1f} s; warming up")
+        asyncio.run(_warmup(base, list(args.replicas), router == "geo"))
+        _say(f"{label}: running {args.duration:.0f} s of load")
+        lr = LoadRun(base, workloads, args.duration, args.max_tokens, label)
+        asyncio.run(lr.run())
+        stats = engine_stats([a.name for a in apps])
+        return summarize(router, label, lr.records, lr.t0, args.duration, stats)
+    finally:
+        delete_region_apps(apps)
+        # wait until the apps are gone so the next router starts clean
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if not any(a.name in serve.status().applications for a in apps):
+                    break
+            except Exception:  # noqa: BLE001
+                break
+            time.sleep(0.25)
+
+
+async def _warmup(base: str, regions: List[str], wait_peers: bool) -> None:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=60) as c:
+        for r in regions:
+            resp = await c.post(f"{base}/{r}/v1/completions", json={"prompt": "warm up", "max_tokens": 1})
+            resp.raise_for_status()
+        if wait_peers:  # the registry view is ready when each ingress sees every peer
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline:
+                sts = [(await c.get(f"{base}/{r}/v1/geolb/state")).json() for r in regions]
+                if all(len(s["available_peers"]) == len(regions) - 1 for s in sts):
+                    return
+                await asyncio.sleep(0.25)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    import logging
+
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    bad = [r for r in routers if r not in ROUTER_LABELS]
+    if bad or not routers:
+        print(f"error: --routers: unknown {bad}; choose from {','.join(ROUTER_LABELS)}", file=sys.stderr)
+        return 2
+    regions = list(args.replicas)
+    for name, d in (("--conv-clients", args.conv_clients), ("--tot-clients", args.tot_clients)):
+        extra = set(d) - set(regions)
+        if extra:
+            print(f"error: {name} names regions {sorted(extra)} that have no replicas ({regions})", file=sys.stderr)
+            return 2
+    if args.duration <= 0 or args.max_tokens < 1 or args.max_num_seqs < 1:
+        print("error: --duration, --max-tokens and --max-num-seqs must be positive", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    import ray
+    from ray import serve
+
+    cleanup_started = {"v": False}
+
+    def on_sigint(signum, frame):
+        if cleanup_started["v"]:
+            print("\n[demo] second Ctrl-C: exiting without waiting for cleanup", file=sys.stderr, flush=True)
+            os._exit(130)
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    tmp = tempfile.mkdtemp(prefix="geolb_demo_")
+    cluster = None
+    rows: List[dict] = []
+    t_start = time.monotonic()
+    try:
+        _say(f"starting a local Ray cluster with regions {regions} (temp dir {tmp})")
+        cluster = start_cluster(regions, tmp)
+        port = _free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        base = f"http://127.0.0.1:{port}"
+        _say(f"cluster up in {time.monotonic() - t_start:.1f} s; Serve HTTP at {base}/<region>/v1/...")
+        workloads = build_workloads(args.conv_clients, args.tot_clients, args.seed)
+        _say("workload: " + "; ".join(w.description for w in workloads))
+        for router in routers:
+            rows.append(run_router(router, args, base, workloads))
+            _say(f"{rows[-1]['label']}: {rows[-1]['ok']} ok, {rows[-1]['errors']} errors")
+        table = format_table(rows)
+        print("\n" + table + "\n", flush=True)
+        (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "rows": rows},
+                                                  indent=2, default=str))
+        if not args.no_plot:
+            p = plot(rows, out / "demo.png")
+            _say(f"wrote {p}" if p else "matplotlib not installed: no PNG")
+        _say(f"wrote {out / 'demo.json'}; total {time.monotonic() - t_start:.0f} s")
+        return 0
+    except KeyboardInterrupt:
+        print("\n[demo] interrupted; shutting down ...", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        cleanup_started["v"] = True
+        try:
+            serve.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        try:
+            ray.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+        if cluster is not None:
+            try:
+                cluster.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+        signal.signal(signal.SIGINT, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

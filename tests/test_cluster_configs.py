@@ -1,0 +1,120 @@
+"""The `ray up` YAMLs in cluster_configs/ validate offline (no cloud credentials, no SSH).
+
+As in /work/shared/notes/ray-up-multiregion.md: ``prepare_config`` then ``validate_config`` for every
+YAML, plus ``commands._bootstrap_config(no_config_cache=True)`` for the local provider (the cloud
+providers need credentials there). Region labels -- in ``available_node_types.*.labels`` and in every
+``ray start --labels=...`` -- are checked with Ray's own label-syntax validator.
+"""
+
+import copy
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "cluster_configs"
+YAMLS = sorted(CONFIG_DIR.glob("*.yaml"))
+REGION_KEY = "ray.io/availability-region"
+
+
+def load(path):
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def start_commands(cfg):
+    return [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cfg.get(key, [])]
+
+
+def labels_in_commands(cfg):
+    """``{key: value}`` dicts from each ``--labels="k=v,..."`` (shell variables left as is)."""
+    out = []
+    for cmd in start_commands(cfg):
+        for m in re.finditer(r"--labels=(\"[^\"]*\"|'[^']*'|\S+)", cmd):
+            raw = shlex.split(m.group(1))[0]
+            out.append(dict(kv.split("=", 1) for kv in raw.split(",") if kv))
+    return out
+
+
+def test_there_are_configs():
+    names = {p.name for p in YAMLS}
+    assert "local-multiregion.yaml" in names and any(n.startswith("aws-") for n in names), names
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_prepare_and_validate(path):
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    cfg = prepare_config(load(path))
+    validate_config(cfg)  # raises on schema errors
+    assert cfg["cluster_name"]
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
+def test_label_syntax(path):
+    from ray._private.label_utils import validate_node_label_syntax
+
+    cfg = load(path)
+    found = []
+    for name, nt in (cfg.get("available_node_types") or {}).items():
+        if nt.get("labels"):
+            validate_node_label_syntax({k: str(v) for k, v in nt["labels"].items()})
+            found.append(nt["labels"])
+    for labels in labels_in_commands(cfg):
+        concrete = {k: v for k, v in labels.items() if "$" not in v}
+        validate_node_label_syntax(concrete)
+        for k, v in labels.items():
+            assert re.fullmatch(r"[A-Za-z0-9._/-]+", k), k
+            assert re.fullmatch(r"[A-Za-z0-9._-]+|\$[A-Z_]+", v), v
+        found.append(labels)
+    assert any(REGION_KEY in lab for lab in found), f"{path.name}: no {REGION_KEY} label anywhere"
+
+
+def test_label_validator_rejects_bad_syntax():
+    """The check above is not vacuous: Ray's validator rejects a malformed label."""
+    from ray._private.label_utils import validate_node_label_syntax
+
+    with pytest.raises(ValueError):
+        validate_node_label_syntax({REGION_KEY: "us east"})
+    with pytest.raises(ValueError):
+        validate_node_label_syntax({"bad key!": "us"})
+
+
+def test_local_multiregion_bootstraps_offline():
+    from ray.autoscaler._private import commands
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    raw = load(CONFIG_DIR / "local-multiregion.yaml")
+    cfg = prepare_config(copy.deepcopy(raw))
+    validate_config(cfg)
+    boot = commands._bootstrap_config(cfg, no_config_cache=True)
+    assert boot["provider"]["type"] == "local"
+    assert boot["provider"]["head_ip"] == raw["provider"]["head_ip"]
+    assert "available_node_types" in boot  # filled in by the local provider's bootstrap
+
+
+def test_local_multiregion_assigns_every_region():
+    """Each worker IP's region, computed by the worker start command's own `case`, covers us/eu/asia."""
+    raw = load(CONFIG_DIR / "local-multiregion.yaml")
+    cmd = next(c for c in raw["worker_start_ray_commands"] if "case" in c)
+    case = cmd[cmd.index("case"): cmd.index("esac") + len("esac")]
+    import subprocess
+
+    regions = {}
+    for ip in raw["provider"]["worker_ips"]:
+        script = f'hostname() {{ echo " {ip} "; }}; {case}; echo $REGION'
+        regions[ip] = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+    assert set(regions.values()) == {"us", "eu", "asia"}, regions
+    assert all(regions[ip] == "eu" for ip in regions if ip.startswith("10.20."))
+    head_labels = labels_in_commands({"head_start_ray_commands": raw["head_start_ray_commands"]})
+    assert head_labels == [{REGION_KEY: "us"}]
+
+
+def test_aws_has_explicit_resources_and_region_labels():
+    raw = load(CONFIG_DIR / "aws-us-east-1.yaml")
+    assert raw["provider"]["type"] == "aws" and raw["provider"]["region"] == "us-east-1"
+    for name, nt in raw["available_node_types"].items():
+        assert nt.get("resources"), f"{name}: offline validation needs explicit resources"
+        assert nt["labels"][REGION_KEY] == "us"
