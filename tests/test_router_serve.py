@@ -220,7 +220,7 @@ def test_replica_killed_mid_run(cluster):
     replica fail with Ray's ActorDiedError-family error at the caller (Serve does not retry a
     request a replica already accepted); the caller retries those once and every request
     completes. The router drops the dead replica and later requests avoid it."""
-    h = _deploy("kill", 3, {}, time_scale=0.2, output_tokens=60)
+    h = _deploy("kill", 3, {}, time_scale=0.25, output_tokens=600)  # ~1.2 s per request
     r = _router("kill", h)
     _wait_stats(r, 3)
     reps = [a for a in ray.util.list_named_actors(all_namespaces=True)
@@ -248,6 +248,8 @@ def test_replica_killed_mid_run(cluster):
     assert len(results) == 24
     retried = [errs for _, errs in results if errs]
     print("retried requests:", retried)
+    # the victim had requests in flight (24 x ~1.2 s over 3 replicas): they failed at the caller, were retried
+    assert retried, "no request was in flight on the killed replica; the test did not exercise the failure path"
     # requests after the kill never land on the dead replica
     after = [h.remote(f"after {i}").result(timeout_s=60) for i in range(9)]
     assert all(o["replica"] != victim_id for o in after)
