@@ -48,7 +48,16 @@ def main(argv=None):
     from ray import serve
 
     router = dict(ROUTER, request_router_kwargs=dict(ROUTER["request_router_kwargs"], region=args.region))
-    ray.init(address="local", include_dashboard=False)
+    runtime_env = {}
+    if args.emulated:
+        # CPU-only venvs often carry CUDA builds of torchvision/torchaudio that crash `import vllm`
+        # (pulled in by ray.serve.llm); the guard blocks them in this process and in every worker
+        # (including the Serve controller, which unpickles the LLM app).
+        from ray_geolb.serve.llm_server import GUARD_HOOK, guard_broken_torch_extras
+
+        guard_broken_torch_extras()
+        runtime_env = {"worker_process_setup_hook": GUARD_HOOK}
+    ray.init(address="local", include_dashboard=False, runtime_env=runtime_env)
     serve.start(http_options={"host": "127.0.0.1", "port": args.port})
     if args.emulated:
         from ray_geolb.serve.llm_server import build_emulated_openai_app, emulated_llm_config
