@@ -150,7 +150,8 @@ def test_central_lb_latency_includes_the_extra_hops():
 def test_forwarded_request_pays_both_lb_hops():
     """client(us) -> us LB -> eu LB -> eu replica and back, when the us region has no replica free."""
     net = RegionNetwork.default()
-    progs = [Program(f"p{i}", "us", [Call(prompt=f"{i} " + "y" * 4000, output_tokens=400, session_key=f"k{i}")])
+    # 12 x ~4,000-token prompts: more than the us replica's KV (L4 profile: ~43k tokens) can admit.
+    progs = [Program(f"p{i}", "us", [Call(prompt=f"{i} " + "y" * 16000, output_tokens=400, session_key=f"k{i}")])
              for i in range(12)]
     wl = Workload("burst", "burst", open=OpenLoopSpec(arrivals=[(0.5 + 0.001 * i, p) for i, p in enumerate(progs)]))
     res = simulate(wl, deployment_for("skylb", {"us": 1, "eu": 1}, stats_lag_s=0.0),

@@ -15,13 +15,17 @@ Modes:
   is below ``max_outstanding``.
 * ``sp-p`` — selective pushing by pending requests (SkyLB): available only if the engine has nothing
   waiting. Naively that herds: between two stats refreshes every new request would see the same
-  "empty" replica. So a report grants *credits*, an estimate of how many more requests the engine
-  can admit without queueing — ``min(max_num_seqs - running, free KV tokens / tokens per request,
-  max_burst)``, or ``unknown_headroom`` if the report has no capacity fields, and 0 if anything is
-  waiting. Requests dispatched after the report was measured spend credits; requests the report
-  already counted that complete afterwards give them back (once the reported waiting queue is
-  drained). A target whose credits are spent is unavailable until the next report, however idle it
-  looked: "a replica that was just sent work is no longer known to be empty".
+  "empty" replica. So a report grants an estimate of what the engine can still admit without
+  queueing — nothing if anything is waiting; otherwise ``min(max_num_seqs - running, max_burst)``
+  request *slots* (``unknown_headroom`` if the report has no capacity fields) and, when it reports KV
+  usage and size, a *KV budget* of free tokens. Each request dispatched after the report was measured
+  spends a slot and its prompt tokens (``request_tokens`` when its size is unknown); requests the
+  report already counted that complete afterwards give slots back (once the reported waiting queue
+  is drained). A target with no slot left, or less KV budget left than one typical request
+  (``request_tokens``), is unavailable until the next report,
+  however idle it looked: "a replica that was just sent work is no longer known to be empty".
+  ``max_burst`` is only a safety cap on slots for very stale reports; the KV budget is what tracks
+  the engine's real admission limit.
 
 Everything is O(1) per event and the set of available targets is maintained incrementally, so a
 routing decision never scans all targets.
@@ -85,14 +89,17 @@ class ReplicaStats:
 
 
 class _Target:
-    __slots__ = ("inflight", "stats", "unseen", "completed_seen", "credits", "tokens_inflight")
+    __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
+                 "tokens_inflight")
 
     def __init__(self):
-        self.inflight: Dict[Hashable, float] = {}  # request id -> dispatch time
+        self.inflight: Dict[Hashable, tuple] = {}  # request id -> (dispatch time, tokens)
         self.stats: Optional[ReplicaStats] = None
         self.unseen = 0  # in flight, dispatched after stats.timestamp
+        self.unseen_tokens = 0  # their prompt tokens
         self.completed_seen = 0  # completed since the report, and counted by it
-        self.credits = 0
+        self.credits = 0  # request slots granted by the report
+        self.kv_budget: Optional[float] = None  # free KV tokens at the report (None: not reported)
         self.tokens_inflight = 0
 
 
@@ -104,7 +111,7 @@ class LoadTracker:
         mode: str = "sp-p",
         max_outstanding: int = 8,
         unknown_headroom: int = 1,
-        max_burst: int = 4,
+        max_burst: int = 32,
         request_tokens: int = 1024,
     ):
         if mode not in AVAILABILITY_MODES:
@@ -159,24 +166,28 @@ class LoadTracker:
             return  # an older report arrived late: keep the newer one
         st.stats = stats
         ts = stats.timestamp
-        st.unseen = sum(1 for t in st.inflight.values() if t > ts)
+        n = tok = 0
+        for t, k in st.inflight.values():
+            if t > ts:
+                n += 1
+                tok += k
+        st.unseen, st.unseen_tokens = n, tok
         st.completed_seen = 0
-        st.credits = self._headroom(stats)
+        st.credits, st.kv_budget = self._headroom(stats)
         self._refresh(target, st)
 
-    def _headroom(self, s: ReplicaStats) -> int:
-        if s.num_waiting > 0:
-            return 0
-        known = False
-        room = self.max_burst
-        if s.max_num_seqs is not None:
-            room = min(room, max(0, s.max_num_seqs - s.num_running))
-            known = True
+    def _headroom(self, s: ReplicaStats):
+        """(request slots, free KV tokens or None) that a report grants."""
+        kv = None
         if s.kv_cache_usage is not None and s.num_gpu_blocks and s.block_tokens:
-            free_tokens = (1.0 - s.kv_cache_usage) * s.num_gpu_blocks * s.block_tokens
-            room = min(room, int(free_tokens // self.request_tokens))
-            known = True
-        return room if known else min(self.unknown_headroom, self.max_burst)
+            kv = max(0.0, (1.0 - s.kv_cache_usage) * s.num_gpu_blocks * s.block_tokens)
+        if s.num_waiting > 0:
+            return 0, kv
+        if s.max_num_seqs is not None:
+            return min(self.max_burst, max(0, s.max_num_seqs - s.num_running)), kv
+        if kv is not None:
+            return self.max_burst, kv
+        return min(self.unknown_headroom, self.max_burst), kv
 
     def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0) -> None:
         st = self._t.get(target)
@@ -185,14 +196,16 @@ class LoadTracker:
             st = self._t[target]
         if request_id in st.inflight:
             return  # counted once, however often the caller reports it
-        st.inflight[request_id] = now
+        tokens = tokens if tokens > 0 else self.request_tokens
+        st.inflight[request_id] = (now, tokens)
         st.tokens_inflight += tokens
         self._req_target[request_id] = target
         if st.stats is None or now > st.stats.timestamp:
             st.unseen += 1
+            st.unseen_tokens += tokens
         self._refresh(target, st)
 
-    def on_complete(self, request_id: Hashable, target: Hashable = None, tokens: int = 0) -> bool:
+    def on_complete(self, request_id: Hashable, target: Hashable = None) -> bool:
         """Uncount a request (completion, cancel or error). Returns False if it was not in flight."""
         if target is None:
             target = self._req_target.get(request_id)
@@ -200,13 +213,15 @@ class LoadTracker:
         if st is None:
             self._req_target.pop(request_id, None)
             return False
-        t = st.inflight.pop(request_id, None)
+        entry = st.inflight.pop(request_id, None)
         self._req_target.pop(request_id, None)
-        if t is None:
+        if entry is None:
             return False
-        st.tokens_inflight = max(0, st.tokens_inflight - tokens)
+        t, tok = entry
+        st.tokens_inflight = max(0, st.tokens_inflight - tok)
         if st.stats is None or t > st.stats.timestamp:
             st.unseen = max(0, st.unseen - 1)
+            st.unseen_tokens = max(0, st.unseen_tokens - tok)
         else:
             st.completed_seen += 1
         self._refresh(target, st)
@@ -227,7 +242,9 @@ class LoadTracker:
             return len(st.inflight) < self.max_outstanding
         waiting = st.stats.num_waiting if st.stats is not None else 0
         freed = max(0, st.completed_seen - waiting)
-        return st.credits + freed - st.unseen > 0
+        if st.credits + freed - st.unseen <= 0:
+            return False
+        return st.kv_budget is None or st.kv_budget - st.unseen_tokens >= self.request_tokens
 
     def is_available(self, target: Hashable) -> bool:
         return target in self.available
@@ -243,6 +260,11 @@ class LoadTracker:
     def unseen(self, target: Hashable) -> int:
         st = self._t.get(target)
         return st.unseen if st is not None else 0
+
+    def unseen_tokens(self, target: Hashable) -> int:
+        """Prompt tokens of in-flight requests dispatched after the target's last report."""
+        st = self._t.get(target)
+        return st.unseen_tokens if st is not None else 0
 
     def tokens_inflight(self, target: Hashable) -> int:
         st = self._t.get(target)

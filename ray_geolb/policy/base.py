@@ -153,8 +153,7 @@ class Policy:
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: float = 0.0,
                     ttft_s: Optional[float] = None, ok: bool = True, req: RouteRequest = None) -> None:
-        tokens = req.prompt_tokens if req is not None else 0
-        self.tracker.on_complete(request_id, target, tokens=tokens)
+        self.tracker.on_complete(request_id, target)
 
     def on_stats(self, target: Hashable, stats: ReplicaStats) -> None:
         if target in self._target_set:

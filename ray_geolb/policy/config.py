@@ -36,8 +36,8 @@ class AvailabilityConfig(_Strict):
     mode: Optional[Literal["bp", "sp-o", "sp-p"]] = None
     max_outstanding: int = Field(8, ge=1, description="SP-O: cap on router-side in-flight requests per replica")
     unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report has no capacity fields")
-    max_burst: int = Field(4, ge=1, description="SP-P: most requests sent to one replica between two reports")
-    request_tokens: int = Field(1024, ge=1, description="SP-P: KV tokens assumed per new request when turning free KV into headroom")
+    max_burst: int = Field(32, ge=1, description="SP-P: safety cap on requests sent to one replica between two reports")
+    request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when its prompt size is unknown, and the least KV budget a replica must have left to stay available")
 
 
 class PrefixIndexConfig(_Strict):

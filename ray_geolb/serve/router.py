@@ -415,7 +415,7 @@ class GeoPrefixRouter(RequestRouter):
 
     def _unreserve(self, ent: _Entry) -> None:
         if ent.target is not None:
-            self.policy.tracker.on_complete(ent.req.request_id, ent.target, tokens=ent.req.prompt_tokens)
+            self.policy.tracker.on_complete(ent.req.request_id, ent.target)
             ent.target = None
 
     def _forget(self, iid: str) -> None:
