@@ -43,6 +43,9 @@ is >= its ready time.  So at batch size 1 TTFT = overhead + prefill step time(s)
 first token can never be produced before ``arrival + overhead``.  Pending requests are
 NOT counted in ``num_waiting`` (a real vLLM replica does not count requests still in the
 API server / tokeniser either); a router sees them through its own in-flight count.
+``num_waiting`` in :meth:`stats` is the waiting queue right after the last schedule, as in
+vLLM's SchedulerStats: a request that arrived during a step and is admitted at the next one is
+never reported as waiting (SkyLB's pending-request rule would otherwise see phantom queues).
 Callers should call ``step`` no earlier than :meth:`next_ready_time`.
 
 Timing convention: ``step(now)`` applies the whole iteration immediately and returns its
@@ -166,6 +169,7 @@ class EngineModel:
         self._pending: list = []  # heap of (ready, seqno, _Seq)
         self._seqno = 0
         self._waiting: deque = deque()
+        self._waiting_reported = 0  # waiting count right after the last schedule (what vLLM reports)
         self._running: list = []
         self._now = 0.0
         # cumulative counters
@@ -290,6 +294,7 @@ class EngineModel:
                     waiting.append(s)
         running = self._running
         if not running and not waiting:
+            self._waiting_reported = 0
             return StepOutput(0.0)
 
         B = self._B
@@ -376,6 +381,9 @@ class EngineModel:
                 budget -= n
                 scheduled.append(s)
 
+        # vLLM builds SchedulerStats right after schedule(): requests that arrived during the last
+        # step and are admitted now never show as waiting; only those the batch could not take do.
+        self._waiting_reported = len(waiting)
         if not scheduled:
             return StepOutput(0.0, preempted=preempted)
 
@@ -458,7 +466,7 @@ class EngineModel:
         """What a vLLM replica exposes through its SchedulerStats."""
         used = self._total_blocks - self._num_free - len(self._lru)
         return {
-            "num_waiting": len(self._waiting),
+            "num_waiting": self._waiting_reported,
             "num_running": len(self._running),
             "kv_cache_usage": used / self._total_blocks,
             "prefix_cache_queries": self._q_tokens,
