@@ -9,7 +9,8 @@ What it does (CPU only, ~3 minutes with the defaults):
    ``ray.serve.llm`` cannot be imported) -- deploys one app per region (us 2 replicas, eu 1, asia 1;
    emulated engines with the calibrated engine model; inter-region latency injected from the RTT
    matrix), drives a regionally skewed workload (ShareGPT conversations re-sending their history +
-   Tree-of-Thoughts on GSM8K; most clients in us) through the real HTTP proxy with streaming requests,
+   Tree-of-Thoughts on GSM8K; "US working hours": 19 of 21 closed-loop clients in us, so us is
+   overloaded while eu/asia have spare capacity) through the real HTTP proxy with streaming requests,
    then removes the apps;
 3. prints a side-by-side table (throughput, TTFT p50/p99, prefix-cache hit rate from the engines'
    stats, cross-region share, errors) and writes ``demo.png`` + ``demo.json`` to ``--out``.
@@ -65,15 +66,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per router (default 30)")
     ap.add_argument("--replicas", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
                     help="replicas per region, e.g. us=2,eu=1,asia=1")
-    ap.add_argument("--conv-clients", type=_parse_clients, default={"us": 8, "eu": 2, "asia": 2},
-                    help="closed-loop conversation clients per region (default us=8,eu=2,asia=2)")
-    ap.add_argument("--tot-clients", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
-                    help="closed-loop Tree-of-Thoughts clients per region (default us=2,eu=1,asia=1)")
+    ap.add_argument("--conv-clients", type=_parse_clients, default={"us": 16, "eu": 1, "asia": 1},
+                    help="closed-loop conversation clients per region (default us=16,eu=1,asia=1)")
+    ap.add_argument("--tot-clients", type=_parse_clients, default={"us": 3, "eu": 0, "asia": 0},
+                    help="closed-loop Tree-of-Thoughts clients per region (default us=3,eu=0,asia=0)")
     ap.add_argument("--max-tokens", type=int, default=32, help="cap on output tokens per request (default 32)")
     ap.add_argument("--max-num-seqs", type=int, default=4,
                     help="engine batch limit per replica (small = a busy GPU; default 4)")
-    ap.add_argument("--time-scale", type=float, default=1.0, help="engine wall seconds per engine second")
+    ap.add_argument("--time-scale", type=float, default=3.0,
+                    help="engine wall seconds per engine second (default 3: a slower GPU, so the engines -- not "
+                         "this machine's CPU -- are the bottleneck)")
     ap.add_argument("--latency-scale", type=float, default=1.0, help="multiplier on the inter-region RTTs")
+    ap.add_argument("--stats-period", type=float, default=0.5,
+                    help="request_routing_stats_period_s of the model deployments (GeoPrefixRouter load reports)")
     ap.add_argument("--profile", default="llama3.1-8b-h100", help="engine profile (ray_geolb.sim.profiles)")
     ap.add_argument("--out", default="out/demo", help="output directory for demo.png / demo.json")
     ap.add_argument("--seed", type=int, default=0)
@@ -342,7 +347,7 @@ def run_router(router: str, args, base: str, workloads) -> dict:
     t = time.monotonic()
     apps = build_region_apps(args.replicas, router=router, engine_profile=args.profile, time_scale=args.time_scale,
                              output_tokens=args.max_tokens, engine_overrides={"max_num_seqs": args.max_num_seqs},
-                             latency={"scale": args.latency_scale},
+                             latency={"scale": args.latency_scale}, stats_period_s=args.stats_period,
                              ingress={"max_queue": 512, "max_wait_s": 60.0})
     try:
         deploy_region_apps(apps)
