@@ -378,3 +378,59 @@ def test_config_is_frozen_dataclass():
     cfg = EngineConfig.from_profile(PROFILE)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.max_num_seqs = 3  # type: ignore[misc]
+
+
+# ---------------------------------------------------------------- decode fast path == general path
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(reqs=req_strategy, blocks=st.integers(27, 60), seqs=st.integers(1, 8),
+       budget=st.integers(4, 600), caching=st.booleans(), overhead=st.sampled_from([0.0, 0.05]),
+       abort_every=st.integers(0, 7))
+def test_decode_fast_path_is_identical_to_general_path(reqs, blocks, seqs, budget, caching, overhead, abort_every):
+    """Two engines, one with the all-decode fast path and one without, driven in lockstep (same
+    arrivals, same aborts, KV pressure forcing preemptions): every step's output, the stats and
+    the block accounting are identical."""
+    def mk(fast):
+        e = EngineModel(PROFILE, EngineConfig.from_profile(
+            PROFILE, num_gpu_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
+            enable_prefix_caching=caching, ttft_overhead_s=overhead))
+        e.decode_fast_path = fast
+        return e
+
+    fast, slow = mk(True), mk(False)
+    arrivals = sorted(((t, f"r{i}", p, o, fam) for i, (p, o, fam, t) in enumerate(reqs)), key=lambda x: x[0])
+    fam_ids = {fam: list(range(fam * 1000, fam * 1000 + 30)) for fam in range(4)}
+    now, k, steps = 0.0, 0, 0
+    for _ in range(200_000):
+        while k < len(arrivals) and arrivals[k][0] <= now:
+            t, rid, p, o, fam = arrivals[k]
+            hashes = blocks_from_hash_ids(fam_ids[fam])[: p // 16]
+            for e in (fast, slow):
+                e.add_request(EngineRequest(rid, p, o, hashes), t)
+            k += 1
+        nxt = fast.next_ready_time()
+        assert nxt == slow.next_ready_time()
+        if nxt is None:
+            if k == len(arrivals):
+                break
+            now = arrivals[k][0]
+            continue
+        now = max(now, nxt)
+        a, b = fast.step(now), slow.step(now)
+        steps += 1
+        assert a == b, (steps, a, b)
+        assert fast.stats() == slow.stats()
+        fast._check_invariants()
+        if abort_every and steps % abort_every == 0 and a.tokens:
+            victim = a.tokens[-1]
+            if victim not in a.finished:
+                assert fast.abort(victim, now) and slow.abort(victim, now)
+        if a.duration == 0.0:
+            cands = [x for x in (fast.next_ready_time(),) if x is not None and x > now]
+            if k < len(arrivals):
+                cands.append(arrivals[k][0])
+            if cands:
+                now = max(now, min(cands))
+            continue
+        now += a.duration
+    assert not fast.has_work() and not slow.has_work()
+    assert fast.stats() == slow.stats()

@@ -144,6 +144,10 @@ class _Seq:
 
 
 class EngineModel:
+    #: take :meth:`_decode_step` for all-decode batches (False: always the general path; tests
+    #: compare the two)
+    decode_fast_path = True
+
     def __init__(self, profile: EngineProfile | str, config: Optional[EngineConfig] = None):
         if isinstance(profile, str):
             profile = get_profile(profile)
@@ -171,6 +175,9 @@ class EngineModel:
         self._waiting: deque = deque()
         self._waiting_reported = 0  # waiting count right after the last schedule (what vLLM reports)
         self._running: list = []
+        # True when every running request is in its decode phase (its computed tokens are its
+        # length - 1 and it has produced a token): the next step can take the decode fast path.
+        self._all_decode = False
         self._now = 0.0
         # cumulative counters
         self._q_tokens = 0
@@ -296,6 +303,8 @@ class EngineModel:
         if not running and not waiting:
             self._waiting_reported = 0
             return StepOutput(0.0)
+        if self._all_decode and not waiting and len(running) <= self._max_tokens and self.decode_fast_path:
+            return self._decode_step(running)
 
         B = self._B
         budget = self._max_tokens
@@ -442,12 +451,76 @@ class EngineModel:
                     s.status = _DONE
                     self._free(s)
                     del self._reqs[rid]
+        # Every request still running is decoding iff each scheduled one produced a token and
+        # none was left unscheduled (budget exhausted).
+        self._all_decode = len(tokens) == len(scheduled) == len(running)
         if finished:
             self._running = [s for s in running if s.status == _RUNNING]
             self._num_finished += len(finished)
         self._num_steps += 1
         dur = self._base + self._p_pre * prefill + self._p_dec * decodes + self._p_ctx * ctx
         return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes)
+
+    def _decode_step(self, running: list) -> StepOutput:
+        """One iteration when every running request decodes and nothing waits (the common case).
+
+        Exactly what :meth:`step` does for such a batch (same allocation order, same preemption
+        victims, frees after all allocations, same duration expression), in one pass: each request
+        takes one token; no admission can happen (nothing waits) and no prompt block gets
+        registered (a decoding request registered all its full prompt blocks when its prefill
+        completed).
+        """
+        B = self._B
+        preempted = []
+        tokens = []
+        finished = None
+        ctx = 0
+        i = 0
+        while i < len(running):
+            s = running[i]
+            c = s.num_computed + 1
+            if c > s.num_blocks * B and not self._alloc(s, 1):
+                ok = False
+                while running:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    preempted.append(victim.id)
+                    if victim is s:
+                        break
+                    if self._alloc(s, 1):
+                        ok = True
+                        break
+                if not ok:
+                    break
+            s.num_computed = c
+            s.num_tokens = c + 1
+            ctx += c
+            o = s.num_output + 1
+            s.num_output = o
+            tokens.append(s.id)
+            if o >= s.max_out:
+                if finished is None:
+                    finished = [s]
+                else:
+                    finished.append(s)
+            i += 1
+        self._waiting_reported = len(self._waiting)
+        if not tokens:
+            return StepOutput(0.0, preempted=preempted)
+        decodes = len(tokens)
+        fin_ids = []
+        if finished is not None:
+            reqs = self._reqs
+            for s in finished:
+                s.status = _DONE
+                self._free(s)
+                del reqs[s.id]
+                fin_ids.append(s.id)
+            self._running = [s for s in running if s.status == _RUNNING]
+            self._num_finished += len(finished)
+        self._num_steps += 1
+        dur = self._base + self._p_pre * 0 + self._p_dec * decodes + self._p_ctx * ctx
+        return StepOutput(dur, [], tokens, fin_ids, preempted, 0, decodes)
 
     # ------------------------------------------------------------------ observability
     def cached_prefix_tokens(self, block_hashes: Sequence[int]) -> int:
