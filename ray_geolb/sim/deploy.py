@@ -14,13 +14,32 @@ A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_
 * ``profile``: engine profile name (default ``llama3.1-8b-l4``, SkyLB's hardware);
 * ``stats_period_s`` / ``stats_jitter`` / ``stats_lag_s``: replica reports reach their LB(s) every
   period (+-jitter) after the lag (Ray Serve: controller poll + broadcast); ``heartbeat_s``: LB<->LB.
-* ``network``: a :class:`~ray_geolb.sim.network.RegionNetwork` (default ``RegionNetwork.default()``).
+* ``network``: a :class:`~ray_geolb.sim.network.RegionNetwork` (default ``RegionNetwork.default()``),
+  or (through :func:`deployment_for` / :func:`resolve_network`) a name in ``NETWORKS`` or a plain dict
+  ``{"regions": [...], "rtt_ms": [[a, b, ms], ...], "intra_ms": 0}`` so a run dict stays JSON-able;
+* ``rtt_aware``: the central LB's cost policy gets ``rtt_of_target`` = the RTT client -> LB -> replica
+  (GORGO-proxy; see the simulator).
 
 Clients are sent to the LB of their own region; a region without an LB sends its clients to the
 LB with the smallest RTT.
 
 A *system* name maps to a deployment recipe (``SYSTEMS``): ``skylb``, ``skylb-ch``, ``rr``, ``ll``,
-``ch``, ``sgl``, ``p2c``, ``ray-prefix``, ``region-local``, ``oracle``, ``bp``, ``sp-o``, ``sp-p``.
+``ch``, ``sgl``, ``p2c``, ``ray-prefix``, ``region-local``, ``oracle``, ``bp``, ``sp-o``, ``sp-p``, and
+the issue-5 systems, each with its paper's intended deployment:
+
+* ``gorgo`` — GORGO (§3.3): one LB per region, local GORGO cost policy (SP-P admission), layer 1 =
+  the ``cost`` selector with ``GORGO_COST`` (RTT + residual prefill; the peer's queue left out, as in
+  GORGO's code; staying is an option when the local queue estimate is cheaper);
+* ``gorgo-proxy`` — GORGO-proxy (§4.4): ONE central HTTP proxy running the GORGO cost over every
+  replica of every region, network term = RTT client -> proxy -> replica;
+* ``geoprefix`` — ours: per-region LBs, ``geoprefix`` local policy, ``cost`` selector with
+  ``GEOPREFIX_COST`` (remote queue included);
+* ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
+  front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
+  proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
+  per-region deployment of a blind-pushing router would never forward, i.e. be region-local);
+* ``flowkv`` — FlowKV's global controller (Alg. 1): one central scheduler over all nodes.
+
 New systems are one :func:`register_system` call each.
 """
 
@@ -29,12 +48,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
+from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST
+
 from .network import RegionNetwork
 from .profiles import PROFILES
 
 __all__ = [
     "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
-    "parse_regions", "LB_KINDS", "DEFAULT_PROFILE",
+    "parse_regions", "LB_KINDS", "DEFAULT_PROFILE", "NETWORKS", "resolve_network",
 ]
 
 LB_KINDS = ("per-region", "region-local", "central")
@@ -55,6 +76,7 @@ class DeploymentSpec:
     heartbeat_s: float = 0.5
     network: Optional[RegionNetwork] = None
     system: str = ""
+    rtt_aware: bool = False
 
     def __post_init__(self):
         if self.lb_kind not in LB_KINDS:
@@ -77,6 +99,10 @@ class DeploymentSpec:
             raise ValueError(f"stats_jitter must be in [0, 1), got {self.stats_jitter!r}")
         if self.network is None:
             self.network = RegionNetwork.default()
+        elif not isinstance(self.network, RegionNetwork):
+            self.network = resolve_network(self.network)
+        if self.rtt_aware and self.lb_kind != "central":
+            raise ValueError("rtt_aware applies to a central LB only (per-region LBs see only local replicas)")
         for r in self.replicas:
             if r not in self.network:
                 raise ValueError(f"replica region {r!r} is not in the network {self.network.regions}")
@@ -114,6 +140,7 @@ class DeploymentSpec:
             "stats_jitter": self.stats_jitter,
             "stats_lag_s": self.stats_lag_s,
             "heartbeat_s": self.heartbeat_s,
+            "rtt_aware": self.rtt_aware,
             "network_rtt_ms": {f"{a}-{b}": self.network.rtt_ms(a, b)
                                for i, a in enumerate(self.network.regions)
                                for b in self.network.regions[i + 1:]},
@@ -130,17 +157,21 @@ class SystemRecipe:
     two_layer: Dict[str, Any] = field(default_factory=dict)
     single_region: bool = False  # Fig. 9 variants: all replicas in one region
     description: str = ""
+    rtt_aware: bool = False
 
 
 SYSTEMS: Dict[str, SystemRecipe] = {}
 
 
 def register_system(name: str, lb_kind: str, policy: Any, description: str = "", *,
-                    two_layer: Optional[Dict[str, Any]] = None, single_region: bool = False) -> SystemRecipe:
+                    two_layer: Optional[Dict[str, Any]] = None, single_region: bool = False,
+                    rtt_aware: bool = False) -> SystemRecipe:
     """Add a system: ``register_system("gorgo", "per-region", "gorgo", "GORGO cost routing")``."""
     if lb_kind not in LB_KINDS:
         raise ValueError(f"lb_kind must be one of {LB_KINDS}, got {lb_kind!r}")
-    rec = SystemRecipe(name, lb_kind, policy, dict(two_layer or {}), single_region, description)
+    if rtt_aware and lb_kind != "central":
+        raise ValueError("rtt_aware applies to a central LB only")
+    rec = SystemRecipe(name, lb_kind, policy, dict(two_layer or {}), single_region, description, rtt_aware)
     SYSTEMS[name] = rec
     return rec
 
@@ -163,6 +194,56 @@ register_system("sp-o", "central", {"name": "sglang", "availability": {"mode": "
                 "one region, SGLang router, selective pushing by outstanding requests (Fig. 9)", single_region=True)
 register_system("sp-p", "central", {"name": "sglang", "availability": {"mode": "sp-p"}},
                 "one region, SGLang router, selective pushing by pending requests (Fig. 9)", single_region=True)
+register_system("gorgo", "per-region", "gorgo",
+                "GORGO: per-region LBs, GORGO cost locally, cost selector without the peer's queue",
+                two_layer={"remote": "cost", "cost": dict(GORGO_COST)})
+register_system("gorgo-proxy", "central", "gorgo_proxy",
+                "GORGO-proxy: one central proxy, GORGO cost over every replica, RTT client->proxy->replica",
+                rtt_aware=True)
+register_system("geoprefix", "per-region", "geoprefix",
+                "GeoPrefix (ours): per-region LBs, per-request TTFT cost, cost selector with the peer's queue",
+                two_layer={"remote": "cost", "cost": dict(GEOPREFIX_COST)})
+register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
+register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
+register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")
+register_system("flowkv", "central", "flowkv", "one central scheduler, FlowKV load-aware scenarios")
+
+def _network_hard() -> RegionNetwork:
+    from .network import IBM_RTT_CSV
+
+    # home / a near region / a far region, from the shipped IBM Cloud RTT table
+    return RegionNetwork.from_csv(IBM_RTT_CSV, {"us-east": "Washington DC", "ca": "Toronto", "au": "Sydney"})
+
+
+NETWORKS: Dict[str, Callable[[], RegionNetwork]] = {
+    "default": RegionNetwork.default,
+    "gorgo": RegionNetwork.gorgo,
+    "network-hard": _network_hard,
+}
+
+
+def resolve_network(spec: Any) -> RegionNetwork:
+    """A :class:`RegionNetwork` from itself, a name in ``NETWORKS`` or
+    ``{"regions": [...], "rtt_ms": [[a, b, ms], ...], "intra_ms": 0.0}`` (ValueError naming the problem)."""
+    if spec is None:
+        return RegionNetwork.default()
+    if isinstance(spec, RegionNetwork):
+        return spec
+    if isinstance(spec, str):
+        if spec not in NETWORKS:
+            raise ValueError(f"unknown network {spec!r}; known: {', '.join(sorted(NETWORKS))}")
+        return NETWORKS[spec]()
+    if isinstance(spec, dict):
+        extra = set(spec) - {"regions", "rtt_ms", "intra_ms"}
+        if extra or "regions" not in spec or "rtt_ms" not in spec:
+            raise ValueError(f"network dict needs 'regions' and 'rtt_ms' (and optional 'intra_ms'), got keys {sorted(spec)}")
+        pairs = {}
+        for item in spec["rtt_ms"]:
+            if not isinstance(item, (list, tuple)) or len(item) != 3:
+                raise ValueError(f"network rtt_ms entries must be [region_a, region_b, ms], got {item!r}")
+            pairs[(item[0], item[1])] = item[2]
+        return RegionNetwork.from_pairs(spec["regions"], pairs, intra_ms=float(spec.get("intra_ms", 0.0)))
+    raise ValueError(f"network must be a RegionNetwork, a name or a dict, got {type(spec).__name__}")
 
 
 def system_names() -> List[str]:
@@ -225,6 +306,8 @@ def deployment_for(system: Any, replicas: Dict[str, int], *, network: Optional[R
             creg = regions[0]
     tl = dict(rec.two_layer)
     tl.update(overrides.pop("two_layer", {}) or {})
+    network = resolve_network(overrides.pop("network", network))
+    overrides.setdefault("rtt_aware", rec.rtt_aware)
     spec = DeploymentSpec(replicas=reps, lb_kind=rec.lb_kind, policy=overrides.pop("policy", rec.policy),
                           central_region=creg, two_layer=tl, network=network, system=rec.name, **overrides)
     return spec

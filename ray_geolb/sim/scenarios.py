@@ -23,6 +23,27 @@ Scenarios (``SCENARIOS``):
   prefixes and 512 prompts per replica, concurrency 32 per replica) at 1, 2, 4, 8 replicas in one
   region: Ray prefix router and SkyLB vs power of two. Runs until every prompt is answered.
 
+* ``gorgo``: GORGO's setting (§4.1, §4.6): three regions US-West / Germany / Israel
+  (``RegionNetwork.gorgo()``: 281 / 183 ms from US-West, Germany-Israel assumed 60 ms), one
+  Mistral-7B server per region (``mistral-7b-a100``, calibrated from GORGO Table 1), 10 requests in
+  flight in total (GuideLLM "concurrent" mode = a closed loop of 10 clients), 60 s, WildChat
+  conversations. GORGO geo-routes each WildChat prompt to the nearest node, so the 10 clients are
+  spread by where WildChat's users are: the fixture's pools are even (20/20/20 conversations per
+  region), 10 = 4/3/3 with the remainder at US-West (the US is WildChat's largest country).
+  Regions of the conversation workload are renamed us -> us-west, eu -> germany, asia -> israel
+  (Americas -> US-West, Europe/Middle East/Africa -> Germany, Asia-Pacific -> Israel, the nearest
+  of the three by great-circle distance). GORGO-proxy's central proxy sits in US-West.
+* ``network-hard``: the network term tested honestly. Home region ``us-east`` (Washington DC) is
+  overloaded (200 WildChat clients, 2 replicas: every LB must forward), the near region ``ca``
+  (Toronto, 19 ms) is busy but keeping up on its own (40 clients, 2 replicas), the far region ``au`` (Sydney, 215 ms) has 2 idle replicas
+  and no clients. Every request the home LB cannot place must go somewhere: staying means queueing
+  at home; the near peer is the cheap hop but filling it up queues *its* users and the forwarded
+  ones; the far peer is free by availability but every forward there pays 215 ms RTT plus a
+  recompute of the conversation history (its cache has nothing). A policy that ignores the network
+  sends too much to Sydney; one that ignores remote queues piles onto Toronto. Hard because the
+  right split changes with the instantaneous queues, and conversations make every forward cost a
+  recompute. RTTs from the shipped IBM Cloud table; SkyLB's L4 profile; 60 s.
+
 ``scale`` multiplies client counts and replica counts (rounded, at least 1 per region that has
 any); ``scale=1`` is the paper's size. ``duration_s`` is the simulated time per run.
 """
@@ -36,8 +57,13 @@ from typing import Any, Callable, Dict, List, Optional
 __all__ = ["SCENARIOS", "scenario_runs", "run_one", "build_workload", "scenario_names", "DEFAULT_SCALE"]
 
 FIG8_SYSTEMS = ["skylb", "skylb-ch", "rr", "ll", "ch", "sgl", "p2c", "ray-prefix", "oracle"]
-DEFAULT_SCALE = {"skylb-fig8": 1.0, "skylb-fig9": 1.0, "skylb-fig10": 1.0, "ray-blog-prefix": 1.0}
-DEFAULT_DURATION = {"skylb-fig8": 120.0, "skylb-fig9": 120.0, "skylb-fig10": 120.0, "ray-blog-prefix": 3600.0}
+DEFAULT_SCALE = {"skylb-fig8": 1.0, "skylb-fig9": 1.0, "skylb-fig10": 1.0, "ray-blog-prefix": 1.0, "gorgo": 1.0,
+                 "network-hard": 1.0}
+DEFAULT_DURATION = {"skylb-fig8": 120.0, "skylb-fig9": 120.0, "skylb-fig10": 120.0, "ray-blog-prefix": 3600.0,
+                    "gorgo": 60.0, "network-hard": 60.0}
+GORGO_SYSTEMS = ["gorgo", "gorgo-proxy", "geoprefix", "skylb", "ll", "sgl"]
+GORGO_REGION_MAP = {"us": "us-west", "eu": "germany", "asia": "israel"}
+HARD_REGION_MAP = {"us": "us-east", "eu": "ca"}
 
 
 def _scaled(d: Dict[str, int], scale: float) -> Dict[str, int]:
@@ -101,11 +127,40 @@ def _blog(scale, duration, seed, systems=None, profile=None) -> List[dict]:
     return runs
 
 
+def _deploy(profile, **kw):
+    d = dict(kw)
+    if profile:
+        d["profile"] = profile
+    return d
+
+
+def _gorgo(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    clients = _scaled({"us": 4, "eu": 3, "asia": 3}, scale)
+    wl = {"name": "conversation:wildchat", "kw": {"clients": clients, "seed": seed},
+          "region_map": dict(GORGO_REGION_MAP)}
+    reps = _scaled({"us-west": 1, "germany": 1, "israel": 1}, scale)
+    return [_run(f"gorgo/{s}", "gorgo", s, reps, wl, {"duration_s": duration, "seed": seed},
+                 _deploy(profile or "mistral-7b-a100", network="gorgo", central_region="us-west"))
+            for s in systems or GORGO_SYSTEMS]
+
+
+def _network_hard(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    clients = _scaled({"us": 200, "eu": 40}, scale)
+    wl = {"name": "conversation:wildchat", "kw": {"clients": clients, "seed": seed},
+          "region_map": dict(HARD_REGION_MAP)}
+    reps = _scaled({"us-east": 2, "ca": 2, "au": 2}, scale)
+    return [_run(f"network-hard/{s}", "network-hard", s, reps, wl, {"duration_s": duration, "seed": seed},
+                 _deploy(profile, network="network-hard", central_region="us-east"))
+            for s in systems or GORGO_SYSTEMS]
+
+
 SCENARIOS: Dict[str, Callable[..., List[dict]]] = {
     "skylb-fig8": _fig8,
     "skylb-fig9": _fig9,
     "skylb-fig10": _fig10,
     "ray-blog-prefix": _blog,
+    "gorgo": _gorgo,
+    "network-hard": _network_hard,
 }
 
 
@@ -148,8 +203,32 @@ def _data_file(data_dir: str, kind: str) -> str:
     raise ValueError(f"--data-dir {data_dir!r} has no {kind} file (looked for {', '.join(_DATA_PATTERNS[kind])})")
 
 
+def remap_regions(workload, mapping: Dict[str, str]):
+    """Rename a closed-loop workload's client regions (``{"us": "us-west", ...}``) in place."""
+    from dataclasses import replace as dc_replace
+
+    from .workloads import ClosedLoopSpec, ProgramStream
+
+    cl = workload.closed
+    if cl is None:
+        raise ValueError("region_map applies to closed-loop workloads only")
+    missing = [r for r in cl.clients if r not in mapping]
+    if missing:
+        raise ValueError(f"region_map has no entry for workload regions {missing}")
+
+    def stream(src, region):
+        return ProgramStream(lambda i: dc_replace(src[i], region=region), limit=src.limit)
+
+    workload.closed = ClosedLoopSpec(clients={mapping[r]: n for r, n in cl.clients.items()},
+                                     programs={mapping[r]: stream(cl.programs[r], mapping[r]) for r in cl.clients},
+                                     think_time_s=cl.think_time_s)
+    workload.description += f" (regions renamed {mapping})"
+    return workload
+
+
 def build_workload(spec: Dict[str, Any]):
-    """``{"name": workload name (see workloads.WORKLOAD_NAMES), "kw": {...}, "data_dir": optional}``."""
+    """``{"name": workload name (see workloads.WORKLOAD_NAMES), "kw": {...}, "data_dir": optional,
+    "region_map": optional {workload region: network region}}``."""
     from .workloads import by_name
 
     name = spec["name"]
@@ -165,7 +244,10 @@ def build_workload(spec: Dict[str, Any]):
             kw["path"] = _data_file(data_dir, kw.get("source", "sharegpt"))
         elif base == "diurnal" and arg == "tot":
             kw["path"] = _data_file(data_dir, "gsm8k")
-    return by_name(name, **kw)
+    w = by_name(name, **kw)
+    if spec.get("region_map"):
+        w = remap_regions(w, spec["region_map"])
+    return w
 
 
 def run_one(run: Dict[str, Any], progress=None) -> Dict[str, Any]:

@@ -22,7 +22,16 @@ What is simulated
   by the LB, heartbeat received). A central LB is a RegionRouter with ``max_hops=0`` whose local
   policy sees every replica of every region.
 * **Heartbeats** between per-region LBs every ``heartbeat_s``, delivered after the one-way delay,
-  carrying (available replicas, LB queue length, send time, RTT).
+  carrying (available replicas, LB queue length, send time, RTT) and the router's ``extra``
+  (queued prompt tokens at the LB, replica count, its learned t_p). Each heartbeat also carries an
+  **RTT probe**: the reply returns one RTT later and the sender calls ``RegionRouter.observe_rtt``
+  with the measured sample (the 'cost' selector keeps an EWMA of them).
+* **Feedback to the policies**: before deciding its head request an LB calls
+  ``router.set_queue(len(queue), 0.0)`` (FCFS: nothing is queued ahead of the head); on completion
+  the serving LB calls ``policy.on_complete(..., ttft_s=...)`` with the TTFT *as the LB sees it*
+  (first token at the replica + replica->LB delay - dispatch time), so the online t_p regression
+  learns. A central LB with ``DeploymentSpec.rtt_aware`` (GORGO-proxy) gets
+  ``policy.rtt_of_target(target, req)`` = RTT(client, LB) + RTT(LB, replica's region).
 * **Network**: client -> its LB -> (peer LB) -> replica, each hop paying the one-way delay of
   :class:`~ray_geolb.sim.network.RegionNetwork`; tokens come back along the same path, so TTFT and
   end-to-end latency include every hop twice. The LB that dispatched a request learns of its
@@ -67,8 +76,8 @@ __all__ = ["SimConfig", "Simulator", "SimResult", "simulate"]
 
 # event kinds
 _LB_ARRIVE, _REP_ARRIVE, _STEP_END, _STEP_WAKE, _LB_DONE, _CLIENT_DONE = 0, 1, 2, 3, 4, 5
-_STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _HB_DELIVER, _PROG_START, _OPEN_ARRIVAL, _SAMPLE = (
-    6, 7, 8, 9, 10, 11, 12)
+_STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _HB_DELIVER, _PROG_START, _OPEN_ARRIVAL, _SAMPLE, _PING_REPLY = (
+    6, 7, 8, 9, 10, 11, 12, 13)
 
 _BLOCKS_KEY = ("sim", "blocks")
 _BLOCK_CACHE_MAX = 4096
@@ -106,7 +115,7 @@ class _Replica:
 
 
 class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy")
+    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "queued_tokens")
 
     def __init__(self, name, region, router):
         self.name = name
@@ -115,6 +124,7 @@ class _LB:
         self.policy = router.local
         self.queue: deque = deque()
         self.peers: List["_LB"] = []
+        self.queued_tokens = 0  # prompt tokens of the requests in ``queue``
 
 
 class _Run:
@@ -138,7 +148,7 @@ class _Run:
 
 class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
-                 "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held")
+                 "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp")
 
     def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send):
         self.rid = rid
@@ -159,6 +169,7 @@ class _Req:
         self.t_fin = None
         self.cross = False
         self.held = False
+        self.t_disp = 0.0  # when the serving LB dispatched it to the replica
 
 
 @dataclass
@@ -239,6 +250,11 @@ class Simulator:
             router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(list(self.replicas)),
                                   clock=self._clock)
             lb = self.lbs[region] = _LB(f"central@{region}", region, router)
+            if dep.rtt_aware:
+                if not hasattr(router.local, "rtt_of_target"):
+                    raise ValueError(f"deployment {dep.system!r}: rtt_aware needs a policy with an "
+                                     f"rtt_of_target hook (a cost policy), got {type(router.local).__name__}")
+                router.local.rtt_of_target = self._central_rtt_fn(region)
             for r in self.replicas.values():
                 r.lbs.append(lb)
         else:
@@ -268,6 +284,20 @@ class Simulator:
         self._open_iter: Optional[Iterator] = None
         self._out_of_programs = False
         self._reqs: Dict[str, _Req] = {}
+
+    def _central_rtt_fn(self, lb_region: str):
+        """GORGO-proxy's network term: the RTT a request pays on its way client -> proxy -> replica.
+
+        The client->proxy leg is the same for every replica (so it does not change the argmin) but
+        it is part of what the request really pays, so the cost stays an honest TTFT estimate."""
+        replicas = self.replicas
+        net = self.net
+
+        def rtt(target, req):
+            client = req.region if req.region is not None else lb_region
+            return net.rtt_s(client, lb_region) + net.rtt_s(lb_region, replicas[target].region)
+
+        return rtt
 
     def _push(self, t: float, kind: int, a=None, b=None) -> None:
         self._seq += 1
@@ -306,7 +336,7 @@ class Simulator:
         handlers = (self._on_lb_arrive, self._on_rep_arrive, self._on_step_end, self._on_step_wake,
                     self._on_lb_done, self._on_client_done, self._on_stats_measure, self._on_stats_deliver,
                     self._on_heartbeat, self._on_hb_deliver, self._on_prog_start, self._on_open_arrival,
-                    self._on_sample)
+                    self._on_sample, self._on_ping_reply)
         drain = cfg.drain
         last = 0.0
         progress = self.progress
@@ -467,6 +497,7 @@ class Simulator:
     def _on_lb_arrive(self, lb: _LB, req: _Req):
         req.t_lb = self.now
         lb.queue.append(req)
+        lb.queued_tokens += req.prompt
         self._pump(lb)
 
     def _pump(self, lb: _LB):
@@ -478,6 +509,8 @@ class Simulator:
         trace = self.trace
         while q:
             req = q[0]
+            # FCFS: nothing is queued at this LB *ahead of* the head request (the cost selector's Q_lb)
+            router.set_queue(len(q), 0.0)
             d = router.decide(req.rreq, now)
             kind = d.kind
             if kind == "hold":
@@ -488,6 +521,7 @@ class Simulator:
                     self.c["lb_holds"] += 1
                 break
             q.popleft()
+            lb.queued_tokens -= req.prompt
             req.lb_wait += now - req.t_lb
             if kind == "local":
                 rep = self.replicas[d.target]
@@ -498,6 +532,7 @@ class Simulator:
                 self._count(f"local:{d.reason or 'local'}")
                 req.serve_lb = lb
                 req.replica = rep
+                req.t_disp = now
                 delay = self._ow(lb.region, rep.region)
                 req.path += delay
                 if rep.region != req.region:
@@ -523,7 +558,12 @@ class Simulator:
                 self._call_done(req.run, req.ci)
 
     def _on_lb_done(self, lb: _LB, req: _Req):
-        lb.policy.on_complete(req.rid, req.replica.id, self.now, ttft_s=None, ok=True, req=req.rreq)
+        # TTFT as this LB sees it: the first token reaches it one replica->LB delay after the engine
+        # produced it; minus when it dispatched the request (feeds the online t_p regression)
+        ttft = None
+        if req.t_first is not None:
+            ttft = req.t_first + self._ow(req.replica.region, lb.region) - req.t_disp
+        lb.policy.on_complete(req.rid, req.replica.id, self.now, ttft_s=ttft, ok=True, req=req.rreq)
         self._pump(lb)
 
     def _on_stats_measure(self, rep: _Replica, b):
@@ -548,13 +588,19 @@ class Simulator:
     def _on_heartbeat(self, lb: _LB, b):
         now = self.now
         self.c["heartbeats"] += 1
-        ps = lb.router.heartbeat(len(lb.queue), now)
+        ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queued_tokens))
         for peer in lb.peers:
             d = self._ow(lb.region, peer.region)
             self._push(now + d, _HB_DELIVER, peer,
                        PeerState(ps.region, ps.available_replicas, ps.queue_len, ps.timestamp,
-                                 rtt_s=self.net.rtt_s(lb.region, peer.region)))
+                                 rtt_s=self.net.rtt_s(lb.region, peer.region), extra=dict(ps.extra)))
+            # RTT probe (a ping riding on the heartbeat): its reply comes back one RTT later
+            self._push(now + 2.0 * d, _PING_REPLY, lb, (peer.region, now))
         self._push(now + self.dep.heartbeat_s, _HEARTBEAT, lb)
+
+    def _on_ping_reply(self, lb: _LB, item):
+        region, sent = item
+        lb.router.observe_rtt(region, self.now - sent)
 
     def _on_hb_deliver(self, lb: _LB, ps: PeerState):
         lb.router.update_peer(ps)

@@ -12,7 +12,12 @@ replicas,
 * ``Q(r)`` — the prefill tokens ahead of the request at ``r``: reported waiting × mean prompt +
   the uncached tokens of requests dispatched since that report (the report's staleness is
   corrected exactly by counting what it cannot have seen);
-* ``t_p(r)`` — learned online from observed TTFTs (shared :class:`~ray_geolb.policy.ttft_model.TtftModel`).
+* ``t_p`` — learned online from observed TTFTs (shared :class:`~ray_geolb.policy.ttft_model.TtftModel`),
+  **pooled over this LB's replicas** (``tp_scope="pooled"``): the replicas of one deployment run the
+  same model on the same hardware, so their prefill rate is one number; a per-replica fit from
+  observed TTFTs absorbs that replica's recent *queueing* (TTFT = queue + prefill), which makes a busy
+  replica look slow per token and double-counts the queue that ``Q(r)`` already prices. Measured on
+  SkyLB Fig. 8 (scale 0.5, 60 s): per-replica t_p lost 10-20 % throughput to prefix misses.
 
 The minimum wins; ties go to the fewest outstanding requests. Every request trades its match
 against each replica's load in the same units (seconds) — there is no fleet-wide "balance mode"
@@ -45,6 +50,7 @@ class GeoPrefix(CostPolicy):
         name: Literal["geoprefix"] = "geoprefix"
         min_match_chars: int = Field(256, ge=0, description="matches shorter than this count as no match")
         match_half_life_s: Optional[float] = Field(600.0, gt=0.0, description="discount a match by its age (None: off)")
+        tp_scope: Literal["target", "pooled"] = Field("pooled", description="one t_p fit over this LB's replicas")
 
 
 def geoprefix_two_layer(region: str, **over) -> dict:

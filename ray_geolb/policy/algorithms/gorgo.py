@@ -50,6 +50,9 @@ class CostConfig(PolicyConfig):
     min_match_chars: int = Field(0, ge=0, description="matches shorter than this count as no match")
     match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: no discount)")
     default_prompt_tokens: int = Field(512, ge=1, description="mean prompt length assumed before any request is seen")
+    tp_scope: Literal["target", "pooled"] = Field(
+        "target", description="t_p per replica ('target', GORGO: each server's own rate) or one pooled fit over "
+                              "this LB's replicas ('pooled')")
 
 
 class CostPolicy(PrefixPolicy):
@@ -115,9 +118,13 @@ class CostPolicy(PrefixPolicy):
         _, _, unseen = self.work.unseen(target, s.timestamp if s is not None else None)
         return waiting + unseen
 
+    def t_p(self, target: Hashable) -> float:
+        """Seconds per prefill token at ``target`` (its own fit, or the pooled one; see ``tp_scope``)."""
+        return self.ttft.t_p() if self.config.tp_scope == "pooled" else self.ttft.t_p(target)
+
     def _cost(self, req, t, hit: float, now: float) -> float:
         cfg = self.config
-        tp = self.ttft.t_p(t)
+        tp = self.t_p(t)
         L = req.prompt_tokens
         return (cfg.w_rtt * self.rtt(t, req) + cfg.w_prefill * tp * max(0.0, L - hit)
                 + cfg.q_hat * tp * self.queued_tokens(t))
