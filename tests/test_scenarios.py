@@ -59,7 +59,13 @@ def test_scenario_sizes_follow_the_papers():
     assert sorted({r["replicas"]["us"] for r in blog}) == [1, 2, 4, 8]
     with pytest.raises(ValueError, match="unknown scenario"):
         scenario_runs("fig99")
-    assert set(scenario_names()) == {"skylb-fig8", "skylb-fig9", "skylb-fig10", "ray-blog-prefix"}
+    assert set(scenario_names()) == {"skylb-fig8", "skylb-fig9", "skylb-fig10", "ray-blog-prefix", "gorgo",
+                                     "network-hard"}
+    gorgo = scenario_runs("gorgo")
+    assert gorgo[0]["replicas"] == {"us-west": 1, "germany": 1, "israel": 1}
+    assert sum(gorgo[0]["workload"]["kw"]["clients"].values()) == 10  # GORGO: 10 requests in flight
+    assert gorgo[0]["sim"]["duration_s"] == 60.0 and gorgo[0]["deploy"]["profile"] == "mistral-7b-a100"
+    assert gorgo[0]["deploy"]["network"] == "gorgo"
 
 
 def test_register_system_is_one_line():

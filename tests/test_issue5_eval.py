@@ -1,0 +1,168 @@
+"""Issue 5 evaluation: the seed systems in the simulator, and the signals their cost models need.
+
+* every named system (deploy.SYSTEMS) runs a tiny scenario and completes requests;
+* GORGO-proxy's requests pay client -> central proxy -> replica (and back) in their TTFT;
+* the 'cost' selector (simulator-built routers, simulator-measured RTTs) holds a request at home when
+  the local wait is short and forwards it to the far peer when the local wait is long;
+* the online t_p regression fed by the simulator's LB-side TTFTs converges towards the engine
+  profile's prefill slope;
+* GORGO leaves the peer's queue out, GeoPrefix prices it: a near peer with a long queue is avoided
+  by GeoPrefix but not by GORGO.
+"""
+
+import pytest
+
+from ray_geolb.policy import PeerState, ReplicaStats, RouteRequest
+from ray_geolb.sim.deploy import SYSTEMS, deployment_for, resolve_network
+from ray_geolb.sim.profiles import get_profile
+from ray_geolb.sim.scenarios import build_workload, run_one, scenario_runs
+from ray_geolb.sim.simulator import SimConfig, Simulator
+
+pytestmark = pytest.mark.timeout(60)
+
+TWO = {"regions": ["home", "far"], "rtt_ms": [["home", "far", 400.0]]}
+THREE = {"regions": ["home", "near", "far"],
+         "rtt_ms": [["home", "near", 20.0], ["home", "far", 300.0], ["near", "far", 300.0]]}
+
+
+def _tiny_workload(clients):
+    return build_workload({"name": "conversation:wildchat", "kw": {"clients": clients, "seed": 0}})
+
+
+@pytest.mark.parametrize("system", sorted(SYSTEMS))
+def test_every_named_system_runs_a_tiny_scenario(system):
+    run = scenario_runs("gorgo", scale=1.0, duration_s=8.0, seed=0, systems=[system])[0]
+    m = run_one(run)
+    c = m["counters"]
+    assert c["requests_completed"] > 0, f"{system}: nothing completed"
+    assert c["requests_sent"] == c["requests_completed"] + c["requests_rejected"] + c["in_flight_at_end"]
+    assert m["system"] == system
+
+
+def test_issue5_systems_have_their_intended_deployment():
+    reps = {"us-west": 1, "germany": 1, "israel": 1}
+    kw = dict(network="gorgo", central_region="us-west")
+    g = deployment_for("gorgo", reps, **kw)
+    assert g.lb_kind == "per-region" and g.two_layer["remote"] == "cost" and g.two_layer["cost"]["remote_queue"] is False
+    gp = deployment_for("gorgo-proxy", reps, **kw)
+    assert gp.lb_kind == "central" and gp.rtt_aware and gp.policy == "gorgo_proxy"
+    ours = deployment_for("geoprefix", reps, **kw)
+    assert ours.two_layer["remote"] == "cost" and ours.two_layer["cost"]["remote_queue"] is True
+    for s, pol in (("vllm-default", "vllm_default"), ("jsq-load", "jsq_load"), ("br0", "br0"), ("flowkv", "flowkv")):
+        d = deployment_for(s, reps, **kw)
+        assert d.lb_kind == "central" and d.policy == pol and not d.rtt_aware
+    with pytest.raises(ValueError, match="unknown network"):
+        resolve_network("atlantis")
+    with pytest.raises(ValueError, match="rtt_aware applies to a central LB"):
+        deployment_for("skylb", reps, rtt_aware=True, **kw)
+
+
+def test_gorgo_proxy_pays_the_central_lb_hops():
+    net = resolve_network("gorgo")
+    dep = deployment_for("gorgo-proxy", {"us-west": 1, "germany": 1, "israel": 1}, network=net,
+                         central_region="us-west", profile="mistral-7b-a100")
+    wl = _tiny_workload({"us": 1, "eu": 2, "asia": 2})
+    from ray_geolb.sim.scenarios import remap_regions
+
+    wl = remap_regions(wl, {"us": "us-west", "eu": "germany", "asia": "israel"})
+    sim = Simulator(wl, dep, SimConfig(duration_s=20.0, seed=0))
+    res = sim.run()
+    assert res.requests
+    far_clients = 0
+    for (_t, ttft, _e2e, _p, _o, _w, _cross, client, replica) in res.requests:
+        rep_region = sim.replicas[replica].region
+        hops = net.rtt_s(client, "us-west") + net.rtt_s("us-west", rep_region)
+        assert ttft >= hops - 1e-9, (client, replica, ttft, hops)
+        far_clients += client != "us-west"
+    assert far_clients > 0
+    # its cost sees the same path: a Germany client's RTT to the Germany replica goes via US-West
+    pol = sim.lbs["us-west"].policy
+    req = RouteRequest("x", "hello", region="germany")
+    assert pol.rtt("germany-0", req) == pytest.approx(0.281 * 2)
+    assert pol.rtt("us-west-0", req) == pytest.approx(0.281)
+
+
+def _cost_router(system, network, replicas):
+    dep = deployment_for(system, replicas, network=network, central_region="home")
+    sim = Simulator(_tiny_workload({"us": 1}), dep, SimConfig(duration_s=1.0, seed=0))
+    return sim
+
+
+def _busy_local(router, waiting, now, running=8):
+    for t in router.local.targets:
+        router.local.on_stats(t, ReplicaStats(num_waiting=waiting, num_running=running, timestamp=now,
+                                              max_num_seqs=256))
+    assert not router.local.tracker.available  # SP-P: a replica with a waiting queue is unavailable
+
+
+def _peer(router, region, now, rtt_s, **extra):
+    router.update_peer(PeerState(region, available_replicas=1, queue_len=0, timestamp=now, rtt_s=None,
+                                 extra={"replicas": 1, **extra}))
+    for _ in range(5):
+        router.observe_rtt(region, rtt_s)
+
+
+def test_cost_selector_holds_when_local_wait_is_short_and_forwards_when_long_sim_measured_rtt():
+    sim = _cost_router("geoprefix", TWO, {"home": 1, "far": 1})
+    # RTT as the simulator measures it: one heartbeat + its probe reply
+    sim.now = 0.0
+    sim._on_heartbeat(sim.lbs["home"], None)
+    sim._on_heartbeat(sim.lbs["far"], None)
+    while sim._heap:
+        t, _, kind, a, b = sim._heap[0]
+        if t > 1.0:
+            break
+        import heapq
+
+        heapq.heappop(sim._heap)
+        sim.now = t
+        if kind in (9, 13):  # heartbeat delivery, ping reply
+            (sim._on_hb_deliver if kind == 9 else sim._on_ping_reply)(a, b)
+    router = sim.lbs["home"].router
+    assert router.selector.rtt.get("far") == pytest.approx(0.4)
+    now = 0.9
+    text = "user: " + "question about the weather " * 40
+    # short local wait: one short request waiting -> hold (staying is cheaper than 400 ms RTT)
+    _busy_local(router, waiting=1, now=now)
+    d = router.decide(RouteRequest("a", text), now)
+    assert d.kind == "hold", (d, router.selector.last_costs)
+    # long local wait: 400 requests of ~mean prompt waiting -> forward to the far idle peer
+    _busy_local(router, waiting=400, now=now)
+    d = router.decide(RouteRequest("b", text), now)
+    assert d.kind == "forward" and d.target == "far", (d, router.selector.last_costs)
+    assert router.selector.last_costs[None] > router.selector.last_costs["far"]
+
+
+def test_gorgo_leaves_the_remote_queue_out_geoprefix_prices_it():
+    now = 10.0
+    text = "user: " + "explain consistent hashing please " * 30
+    picks = {}
+    for system in ("gorgo", "geoprefix"):
+        sim = _cost_router(system, THREE, {"home": 1, "near": 1, "far": 1})
+        router = sim.lbs["home"].router
+        _busy_local(router, waiting=400, now=now)  # home must forward
+        _peer(router, "near", now, 0.020, queued_tokens=2_000_000.0)  # near: a very long LB queue
+        _peer(router, "far", now, 0.300, queued_tokens=0.0)
+        d = router.decide(RouteRequest("q", text), now)
+        assert d.kind == "forward", (system, d, router.selector.last_costs)
+        picks[system] = d.target
+    assert picks == {"gorgo": "near", "geoprefix": "far"}
+
+
+def test_tp_regression_in_the_simulator_converges_to_the_profile_prefill_slope():
+    # L4: 0.48 ms/token, 5x the GORGO Table 1 prior (0.0938 ms/token): the fit must move away from it
+    prof = get_profile("llama3.1-8b-l4")
+    dep = deployment_for("geoprefix", {"us": 1}, profile="llama3.1-8b-l4")
+    # light load: one client, so the LB-side TTFT is mostly prefill (no queueing)
+    sim = Simulator(_tiny_workload({"us": 1}), dep, SimConfig(duration_s=400.0, seed=1))
+    res = sim.run()
+    pol = sim.lbs["us"].policy
+    n = pol.ttft.samples()
+    assert n >= 8, n
+    base, tp, src = pol.ttft.line()
+    assert src == "pooled"
+    # the fit is learned (not the prior) and close to the engine's per-token prefill cost
+    prior = pol.ttft.config.prior_tp_s
+    assert abs(tp - prof.prefill_per_token_s) < 0.5 * abs(prior - prof.prefill_per_token_s), (tp, prior)
+    assert tp == pytest.approx(prof.prefill_per_token_s, rel=0.5), (tp, prof.prefill_per_token_s)
+    assert res.counters["requests_completed"] >= n
