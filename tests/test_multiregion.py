@@ -315,3 +315,38 @@ def test_registry_killed_mid_run(geo):
     assert len(results) == 24 and all(r.status_code == 200 for r in results), [r.text for r in results if r.status_code != 200]
     assert all(r.status_code == 200 for r in after)
     assert any(geoh(r)["route"] == "forwarded" for r in after), [geoh(r) for r in after]
+
+
+def test_restarted_ingress_reloads_its_snapshot(geo):
+    """The regional snapshot (what us forwarded where) is mirrored to the registry; when the us ingress
+    replica dies, Serve starts a new one, which reloads the snapshot from the registry."""
+    reg = ray.get_actor(DEFAULT_NAME, namespace=DEFAULT_NAMESPACE)
+
+    async def run():
+        await wait_idle(geo)
+        rs = await burst(geo, "us", [chat(f"snapshot user {i} " * 40, n=40) for i in range(12)])
+        assert any(geoh(r)["route"] == "forwarded" for r in rs)
+        async with httpx.AsyncClient(timeout=30) as c:
+            before = (await c.get(f"{geo}/us/v1/geolb/state")).json()
+            deadline = time.monotonic() + 20
+            while (await reg.stats.remote())["snapshot_nodes"].get("us", 0) == 0:
+                assert time.monotonic() < deadline, "snapshot never mirrored to the registry"
+                await asyncio.sleep(0.2)
+            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["name"].startswith(f"SERVE_REPLICA::geolb-us#{INGRESS_DEPLOYMENT}#")]
+            assert len(names) == 1, names
+            ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    st = (await c.get(f"{geo}/us/v1/geolb/state")).json()
+                    if st["source"] != before["source"] and st["snapshot_loaded_from_registry"]:
+                        return before, st
+                except (httpx.HTTPError, ValueError):
+                    pass
+                assert time.monotonic() < deadline, "no new us ingress with a reloaded snapshot"
+                await asyncio.sleep(0.3)
+
+    before, after = asyncio.run(run())
+    assert before["snapshot_nodes"] > 0 and after["snapshot_nodes"] > 0
+    assert after["counters"]["requests"] == 0  # a fresh replica: the snapshot came from the registry
