@@ -179,6 +179,16 @@ def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
     from ray import serve
     from ray.serve.api import RunTarget
 
+    # Create the registry actor from here first (it lands on this driver's node -- the head, i.e. the
+    # home region -- unless told otherwise), so the ingresses' first heartbeats find it ready.
+    from ray_geolb.serve.registry import get_or_create_registry
+
+    seen = set()
+    for a in apps:
+        reg = a.config.get("registry")
+        if reg and (reg["name"], reg["namespace"]) not in seen:
+            seen.add((reg["name"], reg["namespace"]))
+            get_or_create_registry(reg["name"], reg["namespace"], reg.get("config"))
     targets = [RunTarget(target=a.app, name=a.name, route_prefix=a.route_prefix) for a in apps]
     handles = serve.run_many(targets)
     return {a.region: h for a, h in zip(apps, handles)}
