@@ -18,7 +18,7 @@ GeoPrefix (ours) against SkyLB, GORGO and the oracle. Writes ``results.json`` (e
 and one PNG per scenario to ``--out``.
 
 Default size (fits a 2-core machine in a few minutes; ``--full`` = each scenario's paper size):
-fig8 / fig10 at scale 0.5 and 60 s, fig9 at scale 1 and 60 s, ray-blog at 64 prompts per replica
+fig8 at scale 0.5 and 60 s, fig9 / fig10 at scale 1 and 60 s, ray-blog at 64 prompts per replica
 (scale 0.125, drained), gorgo at scale 1 and 60 s, network-hard at scale 1 and 120 s.
 """
 
@@ -44,15 +44,15 @@ SYSTEMS = ["skylb", "skylb-ch", "gorgo", "gorgo-proxy", "geoprefix", "sgl", "ch"
 DEFAULT_SIZE = {
     "skylb-fig8": (0.5, 60.0),
     "skylb-fig9": (1.0, 60.0),
-    "skylb-fig10": (0.5, 60.0),
+    "skylb-fig10": (1.0, 60.0),  # scale < 1 rounds 2/3/4 per region onto the same replica counts
     "ray-blog-prefix": (0.125, None),
     "gorgo": (1.0, 60.0),
     "network-hard": (1.0, 120.0),
 }
 SCENARIOS = list(DEFAULT_SIZE)
 # groups whose workload is multi-turn conversations (hit rate vs the oracle is judged there)
-CONVERSATION_GROUPS = ("conv-sharegpt", "conv-wildchat", "6 replicas", "9 replicas", "12 replicas", "gorgo",
-                       "network-hard")
+CONVERSATION_GROUPS = {"skylb-fig8": ("conv-sharegpt", "conv-wildchat"), "skylb-fig10": None, "gorgo": None,
+                       "network-hard": None}  # None: every group of the scenario
 OURS, SKYLB, GORGO, ORACLE = "geoprefix", "skylb", "gorgo", "oracle"
 
 
@@ -151,7 +151,8 @@ def verdict(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
                          for s, v in seeds_of(OURS, "throughput_rps").items()}
             p99_sky = _ratio(get(SKYLB, "ttft_p99_s"), get(OURS, "ttft_p99_s"))
             p99_gorgo = _ratio(get(GORGO, "ttft_p99_s"), get(OURS, "ttft_p99_s"))
-            hit = _ratio(get(OURS, "prefix_hit_rate"), get(ORACLE, "prefix_hit_rate")) if g in CONVERSATION_GROUPS else None
+            conv = sc in CONVERSATION_GROUPS and (CONVERSATION_GROUPS[sc] is None or g in CONVERSATION_GROUPS[sc])
+            hit = _ratio(get(OURS, "prefix_hit_rate"), get(ORACLE, "prefix_hit_rate")) if conv else None
             data[f"{sc}/{g}"] = {"throughput_vs_skylb": thr, "throughput_vs_skylb_per_seed": thr_seeds,
                                  "p99_skylb_over_ours": p99_sky, "p99_gorgo_over_ours": p99_gorgo,
                                  "hit_over_oracle": hit}
