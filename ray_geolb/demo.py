@@ -306,7 +306,7 @@ def format_table(rows: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(rows: List[dict], path: Path) -> Optional[Path]:
+def plot(rows: List[dict], path: Path, title: str = "ray_geolb demo") -> Optional[Path]:
     try:
         import matplotlib
 
@@ -327,7 +327,7 @@ def plot(rows: List[dict], path: Path) -> Optional[Path]:
         ax.set_title(title, fontsize=9)
         for i, v in enumerate(vals):
             ax.text(i, v, f"{v:.1f}" if v < 100 else f"{v:.0f}", ha="center", va="bottom", fontsize=7)
-    fig.suptitle("ray_geolb demo: 3 regions (us 2 replicas, eu 1, asia 1), skewed load, emulated engines", fontsize=9)
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -443,7 +443,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "rows": rows},
                                                   indent=2, default=str))
         if not args.no_plot:
-            p = plot(rows, out / "demo.png")
+            reps = ", ".join(f"{r} {n}" for r, n in args.replicas.items())
+            p = plot(rows, out / "demo.png", f"ray_geolb demo: replicas {reps}; clients conv {args.conv_clients}, "
+                                             f"ToT {args.tot_clients}; emulated engines x{args.time_scale:g}")
             _say(f"wrote {p}" if p else "matplotlib not installed: no PNG")
         _say(f"wrote {out / 'demo.json'}; total {time.monotonic() - t_start:.0f} s")
         return 0
