@@ -399,6 +399,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: --routers: unknown {bad}; choose from {','.join(ROUTER_LABELS)}", file=sys.stderr)
         return 2
     regions = list(args.replicas)
+    if any(n < 1 for n in args.replicas.values()):
+        print(f"error: --replicas: every region needs >= 1 replica, got {args.replicas}", file=sys.stderr)
+        return 2
     for name, d in (("--conv-clients", args.conv_clients), ("--tot-clients", args.tot_clients)):
         extra = set(d) - set(regions)
         if extra:
