@@ -51,7 +51,7 @@ def _parse_clients(s: str) -> Dict[str, int]:
         try:
             out[k.strip()] = int(v)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"bad clients entry {part!r}: use region=N,region=N") from None
+            raise argparse.ArgumentTypeError(f"bad entry {part!r}: use region=N,region=N") from None
         if out[k.strip()] < 0:
             raise argparse.ArgumentTypeError(f"clients for {k!r} must be >= 0")
     if not out:
