@@ -176,3 +176,67 @@ def test_availability_mode_override():
     assert p.tracker.mode == "sp-p"
     assert build_policy("sglang", targets=["a"]).tracker.mode == "bp"
     assert build_policy("skylb", targets=["a"]).tracker.mode == "sp-p"
+
+
+def _least_loaded_scan(targets, tracker, rng):
+    """The plain left-to-right reservoir scan ``least_loaded`` must reproduce draw for draw."""
+    best = best_n = None
+    ties = 0
+    for t in targets:
+        n = tracker.outstanding(t)
+        if best_n is None or n < best_n:
+            best, best_n, ties = t, n, 1
+        elif n == best_n:
+            ties += 1
+            if rng.random() * ties < 1.0:
+                best = t
+    return best
+
+
+def test_least_loaded_is_draw_for_draw_the_reservoir_scan():
+    import random
+
+    from ray_geolb.policy.availability import LoadTracker
+    from ray_geolb.policy.base import least_loaded
+
+    gen = random.Random(7)
+    for case in range(300):
+        n = gen.choice([1, 2, 3, 5, 17, 333])
+        targets = [f"t{i}" for i in range(n)]
+        tr = LoadTracker(mode="bp")
+        tr.set_targets(targets)
+        k = 0
+        for t in targets:
+            for _ in range(gen.choice([0, 0, 1, 1, 2, 5]) if case % 3 else gen.randrange(3)):
+                tr.on_dispatch(t, f"q{k}", 0.0)
+                k += 1
+        sub = gen.sample(targets, gen.randrange(1, n + 1))
+        a, b = random.Random(case), random.Random(case)
+        for _ in range(3):
+            assert least_loaded(sub, tr, a) == _least_loaded_scan(sub, tr, b)
+        assert a.random() == b.random()  # same number of draws
+        assert tr.outstanding_of(sub) == [tr.outstanding(t) for t in sub]
+        assert tr.total_outstanding() == k
+    assert least_loaded([], LoadTracker(mode="bp"), random.Random(0)) is None
+
+
+def test_prefix_ties_break_in_target_order_not_hash_order():
+    """Ties of the prefix index come back in set order (string hashing); the pick must depend only
+    on the seed and the target order: the same in every process."""
+    import subprocess
+    import sys
+
+    code = ("from ray_geolb.policy import build_policy, RouteRequest\n"
+            "out = []\n"
+            "for name in ('skylb', 'sglang', 'ray_prefix'):\n"
+            "    p = build_policy({'name': name, 'availability': {'mode': 'bp'}}, targets=[f'r{i}' for i in range(16)])\n"
+            "    for t in p.targets:\n"
+            "        r = RouteRequest('w' + t, 'shared ' * 200)\n"
+            "        p.on_dispatch(r, t, 0.0)\n"
+            "        p.on_complete(r.request_id, t)\n"
+            "    out += [p.choose(RouteRequest(f'q{i}', 'shared ' * 200), 1.0).target for i in range(20)]\n"
+            "print(out)\n")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**__import__("os").environ, "PYTHONHASHSEED": str(seed)}).stdout
+            for seed in (1, 2, 3)}
+    assert len(outs) == 1, outs

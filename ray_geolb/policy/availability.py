@@ -34,6 +34,7 @@ routing decision never scans all targets.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Dict, Hashable, Iterable, Optional, Set
 
 __all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES"]
@@ -126,6 +127,7 @@ class LoadTracker:
         self.max_burst = max_burst
         self.request_tokens = request_tokens
         self._t: Dict[Hashable, _Target] = {}
+        self._out: Dict[Hashable, int] = {}  # target -> len(inflight), for C-level bulk reads
         self.available: Set[Hashable] = set()
         self._req_target: Dict[Hashable, Hashable] = {}
 
@@ -134,11 +136,13 @@ class LoadTracker:
         if target not in self._t:
             st = _Target()
             self._t[target] = st
+            self._out[target] = 0
             st.credits = self.unknown_headroom
             self._refresh(target, st)
 
     def remove_target(self, target: Hashable) -> None:
         st = self._t.pop(target, None)
+        self._out.pop(target, None)
         self.available.discard(target)
         if st is not None:
             for rid in st.inflight:
@@ -198,6 +202,7 @@ class LoadTracker:
             return  # counted once, however often the caller reports it
         tokens = tokens if tokens > 0 else self.request_tokens
         st.inflight[request_id] = (now, tokens)
+        self._out[target] = len(st.inflight)
         st.tokens_inflight += tokens
         self._req_target[request_id] = target
         if st.stats is None or now > st.stats.timestamp:
@@ -217,6 +222,7 @@ class LoadTracker:
         self._req_target.pop(request_id, None)
         if entry is None:
             return False
+        self._out[target] = len(st.inflight)
         t, tok = entry
         st.tokens_inflight = max(0, st.tokens_inflight - tok)
         if st.stats is None or t > st.stats.timestamp:
@@ -250,8 +256,12 @@ class LoadTracker:
         return target in self.available
 
     def outstanding(self, target: Hashable) -> int:
-        st = self._t.get(target)
-        return len(st.inflight) if st is not None else 0
+        return self._out.get(target, 0)
+
+    def outstanding_of(self, targets: Iterable[Hashable]) -> list:
+        """``[outstanding(t) for t in targets]``, in C (one dict lookup per target)."""
+        targets = targets if isinstance(targets, (list, tuple)) else list(targets)
+        return list(map(self._out.get, targets, repeat(0, len(targets))))
 
     def stats(self, target: Hashable) -> Optional[ReplicaStats]:
         st = self._t.get(target)
@@ -271,4 +281,4 @@ class LoadTracker:
         return st.tokens_inflight if st is not None else 0
 
     def total_outstanding(self) -> int:
-        return sum(len(st.inflight) for st in self._t.values())
+        return sum(self._out.values())

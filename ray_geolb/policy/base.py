@@ -18,6 +18,8 @@ picker (``_pick``). Each algorithm lives in its own short file under ``policy/al
 from __future__ import annotations
 
 import random
+from itertools import accumulate, compress, islice
+from operator import le
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence
 
@@ -77,18 +79,31 @@ def register(cls):
 
 
 def least_loaded(targets: Sequence[Hashable], tracker: LoadTracker, rng: random.Random) -> Hashable:
-    """The target with the fewest router-side in-flight requests; random among ties."""
-    best = None
-    best_n = None
-    ties = 0
-    for t in targets:
-        n = tracker.outstanding(t)
-        if best_n is None or n < best_n:
-            best, best_n, ties = t, n, 1
-        elif n == best_n:
+    """The target with the fewest router-side in-flight requests; random among ties.
+
+    Reservoir sampling over ``targets`` in order: a target with fewer in-flight requests than all
+    before it becomes the pick (the tie count restarts), one that equals the running minimum
+    replaces the pick with probability 1/ties (one ``rng.random()`` draw each). The loads, their
+    running minimum and the positions that can change the pick are computed in C, so only those
+    positions (new minima and ties) cost Python work; the draws are exactly those of a plain
+    left-to-right scan.
+    """
+    if not isinstance(targets, (list, tuple)):
+        targets = list(targets)
+    n = len(targets)
+    if n <= 1:
+        return targets[0] if n else None
+    loads = tracker.outstanding_of(targets)
+    mins = accumulate(loads, min)  # mins[i] = min(loads[:i+1]); paired with loads[i+1] below
+    best, best_n, ties = targets[0], loads[0], 1
+    for i in compress(range(1, n), map(le, islice(loads, 1, None), mins)):
+        v = loads[i]
+        if v < best_n:
+            best, best_n, ties = targets[i], v, 1
+        else:
             ties += 1
-            if rng.random() * ties < 1.0:  # reservoir sampling among ties
-                best = t
+            if rng.random() * ties < 1.0:
+                best = targets[i]
     return best
 
 
@@ -115,6 +130,7 @@ class Policy:
         self.cache_probe = cache_probe
         self._targets: List[Hashable] = []
         self._target_set: FrozenSet[Hashable] = frozenset()
+        self._all_available: Optional[List[Hashable]] = None  # last eligible() over all targets
         self.set_targets(targets)
 
     # ---------------------------------------------------------------- driver API
@@ -123,6 +139,7 @@ class Policy:
         gone = self._target_set - set(targets)
         self._targets = targets
         self._target_set = frozenset(targets)
+        self._target_pos = {t: i for i, t in enumerate(targets)}
         self.tracker.set_targets(targets)
         for t in gone:
             self._forget(t)
@@ -132,14 +149,31 @@ class Policy:
     def targets(self) -> List[Hashable]:
         return self._targets
 
+    def in_target_order(self, ts: List[Hashable]) -> List[Hashable]:
+        """``ts`` (targets of this policy) sorted by target order: a prefix index returns its ties
+        in set order, which depends on string hashing; tie-breaking must not (reproducible runs)."""
+        if len(ts) > 1:
+            pos = self._target_pos
+            ts = sorted(ts, key=lambda t: pos.get(t, len(pos)))
+        return ts
+
+    def available_view(self, eligible: List[Hashable]):
+        """A set with the members of ``eligible`` (which :meth:`eligible` draws from the available
+        set): the available set itself when nothing was filtered out, to save building one."""
+        avail = self.tracker.available
+        if (eligible is self._targets or eligible is self._all_available) and len(eligible) == len(avail):
+            return avail
+        return eligible
+
     def eligible(self, candidates: Optional[Iterable[Hashable]] = None) -> List[Hashable]:
         """Available targets, restricted to ``candidates`` if given (order: target order)."""
         avail = self.tracker.available
         if candidates is None:
             if len(avail) == len(self._targets):
                 return self._targets
-            return [t for t in self._targets if t in avail]
-        return [t for t in candidates if t in avail]
+            el = self._all_available = list(filter(avail.__contains__, self._targets))
+            return el
+        return list(filter(avail.__contains__, candidates))
 
     def choose(self, req: RouteRequest, now: float, candidates: Optional[Iterable[Hashable]] = None) -> Optional[Decision]:
         eligible = self.eligible(candidates)

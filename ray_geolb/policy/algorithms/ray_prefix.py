@@ -37,13 +37,13 @@ class RayPrefixAffinity(PrefixPolicy):
 
     def _pick(self, req, eligible, now):
         cfg = self.config
-        loads = [self.tracker.outstanding(t) for t in eligible]
+        loads = self.tracker.outstanding_of(eligible)
         if max(loads) - min(loads) > cfg.imbalanced_threshold:
             return Decision(self._two(eligible), reason="imbalanced")
         p = self.prepared(req)
-        best, matched = self.index.longest(p, eligible)
+        best, matched = self.index.longest(p, self.available_view(eligible))
         if not best or matched / max(1, p.length) < cfg.match_rate_threshold:
             size = self.index.chars_of
             smallest = min(size(t) for t in eligible)
             return Decision(self._two([t for t in eligible if size(t) == smallest]), 0, "smallest_tree")
-        return Decision(self._two(best), matched, "prefix")
+        return Decision(self._two(self.in_target_order(best)), matched, "prefix")

@@ -32,14 +32,14 @@ class SGLangCacheAware(PrefixPolicy):
 
     def _pick(self, req, eligible, now):
         cfg = self.config
-        loads = [self.tracker.outstanding(t) for t in eligible]
+        loads = self.tracker.outstanding_of(eligible)
         lo, hi = min(loads), max(loads)
         if hi - lo > cfg.balance_abs_threshold and hi > cfg.balance_rel_threshold * lo:
             return Decision(least_loaded(eligible, self.tracker, self.rng), reason="imbalanced")
         p = self.prepared(req)
-        best, matched = self.index.longest(p, eligible)
+        best, matched = self.index.longest(p, self.available_view(eligible))
         if best and matched / max(1, p.length) > cfg.cache_threshold:
-            t = best[0] if len(best) == 1 else least_loaded(best, self.tracker, self.rng)
+            t = best[0] if len(best) == 1 else least_loaded(self.in_target_order(best), self.tracker, self.rng)
             return Decision(t, matched, "prefix")
         size = self.index.chars_of
         smallest = min(size(t) for t in eligible)

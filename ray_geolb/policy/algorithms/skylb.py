@@ -50,8 +50,8 @@ class SkyLB(PrefixPolicy):
         min_match_chars: int = Field(0, ge=0)
 
     def _pick(self, req, eligible, now):
-        best, matched = self.index.longest(self.prepared(req), eligible)
+        best, matched = self.index.longest(self.prepared(req), self.available_view(eligible))
         if matched < max(1, self.config.min_match_chars):
             return Decision(least_loaded(eligible, self.tracker, self.rng), 0, "no_match")
-        t = best[0] if len(best) == 1 else least_loaded(best, self.tracker, self.rng)
+        t = best[0] if len(best) == 1 else least_loaded(self.in_target_order(best), self.tracker, self.rng)
         return Decision(t, matched, "prefix")
