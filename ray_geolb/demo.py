@@ -27,14 +27,13 @@ import json
 import math
 import os
 import signal
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-LABEL = "ray.io/availability-region"
+from ray_geolb.serve.local import free_port, start_region_cluster
 ROUTER_LABELS = {"geo": "GeoPrefixRouter (SkyLB)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
 
 
@@ -87,31 +86,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------------------------- cluster
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def start_cluster(regions: List[str], tmp: str):
-    """A local multi-node Ray cluster, one node per region (the head is the first region)."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-        "num_cpus": 1, "labels": {LABEL: regions[0]}, "include_dashboard": False, "temp_dir": tmp})
-    for r in regions[1:]:
-        cluster.add_node(num_cpus=1, labels={LABEL: r})
-    ray.init(address=cluster.address, log_to_driver=False, namespace="geolb_demo")
-    cluster.wait_for_nodes()
-    labels = sorted(n["Labels"].get(LABEL, "?") for n in ray.nodes() if n["Alive"])
-    if labels != sorted(regions):
-        raise RuntimeError(f"node labels {labels} do not match regions {regions}")
-    return cluster
-
-
 # ---------------------------------------------------------------------------------------------- workload
 def build_workloads(conv_clients, tot_clients, seed):
     from ray_geolb.sim.workloads import conversation, tot
@@ -431,8 +405,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     t_start = time.monotonic()
     try:
         _say(f"starting a local Ray cluster with regions {regions} (temp dir {tmp})")
-        cluster = start_cluster(regions, tmp)
-        port = _free_port()
+        cluster = start_region_cluster(regions, tmp, namespace="geolb_demo")
+        port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         base = f"http://127.0.0.1:{port}"
         _say(f"cluster up in {time.monotonic() - t_start:.1f} s; Serve HTTP at {base}/<region>/v1/...")

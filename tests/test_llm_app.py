@@ -3,7 +3,6 @@ request_router_class=GeoPrefixRouter, over HTTP on the Serve proxy port; plus th
 plugin on CPU."""
 
 import json
-import socket
 import tempfile
 import time
 import urllib.request
@@ -14,19 +13,12 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve.llm_server import GUARD_HOOK, guard_broken_torch_extras  # noqa: E402
+from ray_geolb.serve.local import free_port  # noqa: E402
 
 guard_broken_torch_extras()  # this venv: CUDA torchvision / torchaudio 2.11 over torch 2.13+cpu
 pytest.importorskip("vllm")
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def _post(url, body, timeout=60):
@@ -88,7 +80,7 @@ def llm_app():
                    logging_level="warning", log_to_driver=False,
                    runtime_env={"worker_process_setup_hook": GUARD_HOOK})
     assert ctx.address_info["node_id"]
-    port = _free_port()
+    port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = emulated_llm_config("emu-llama", num_replicas=2, router_kwargs={"policy": "skylb"},
                               time_scale=0.01, output_tokens=6)

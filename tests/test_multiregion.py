@@ -8,7 +8,6 @@ handful of requests; inter-region latency injected at 0.1x the default RTT table
 
 import asyncio
 import json
-import socket
 import tempfile
 import time
 
@@ -18,9 +17,9 @@ ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
 from ray import serve  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
 
 from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
+from ray_geolb.serve.local import free_port, start_region_cluster  # noqa: E402
 from ray_geolb.serve.ingress import INGRESS_DEPLOYMENT  # noqa: E402
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
 
@@ -30,25 +29,12 @@ REGIONS = {"us": 1, "eu": 1, "asia": 1}
 LABEL = "ray.io/availability-region"
 
 
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 @pytest.fixture(scope="module")
 def geo():
     tmp = tempfile.mkdtemp(prefix="geolb_mr_")
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 1, "labels": {LABEL: "us"}, "include_dashboard": False, "temp_dir": tmp})
+    cluster = start_region_cluster(list(REGIONS), tmp, namespace="geolb_test_mr")
     try:
-        for r in ("eu", "asia"):
-            cluster.add_node(num_cpus=1, labels={LABEL: r})
-        ray.init(address=cluster.address, log_to_driver=False, namespace="geolb_test_mr")
-        cluster.wait_for_nodes()
-        port = _free_port()
+        port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         apps = build_region_apps(
             REGIONS, time_scale=1.0, output_tokens=16, engine_overrides={"max_num_seqs": 2},

@@ -1,5 +1,4 @@
 import json
-import os
 from collections import Counter
 from pathlib import Path
 

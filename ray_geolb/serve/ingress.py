@@ -41,7 +41,7 @@ import math
 import time
 import uuid
 from collections import deque
-from typing import Any, AsyncIterator, Dict, FrozenSet, List, Literal, Optional, Tuple
+from typing import Any, AsyncIterator, Dict, FrozenSet, List, Literal, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -741,7 +741,6 @@ class RegionIngress(RegionIngressImpl):
         await self._setup(model, config)
 
     async def _http(self, request: Request, kind: str) -> Response:
-        t_arrive = _now()
         cfg = self.cfg
         try:
             raw = await request.body()

@@ -34,7 +34,6 @@ before the OpenAiIngress replica unpickled its class (which imports vLLM), so th
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import importlib
 import itertools

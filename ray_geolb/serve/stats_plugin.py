@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 

@@ -60,7 +60,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.policy.base import POLICIES, RouteRequest

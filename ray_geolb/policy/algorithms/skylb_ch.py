@@ -3,7 +3,7 @@ the ring past replicas that are not available under selective pushing by pending
 
 from typing import Literal
 
-from ..base import Decision, Policy, register
+from ..base import register
 from .consistent_hash import ConsistentHash
 
 
