@@ -196,3 +196,37 @@ def test_memory_bound_holds_over_a_million_inserts():
     assert peak_nodes <= budget and peak_chars <= 400_000
     assert idx.evictions > 0
     idx.check_invariants()
+
+
+def test_entry_budget_counts_every_target_on_a_node():
+    """Many targets on the same few nodes: the node count stays tiny, the (node, target) entries
+    (what costs memory) are what ``max_entries`` bounds -- and it is on by default."""
+    assert PrefixIndex().max_entries is not None
+    idx = PrefixIndex(block_chars=4, growth=0.0, max_nodes=1000, max_entries=50)
+    for i in range(40):
+        idx.insert("aaaabbbbcccc", f"r{i}")
+        idx.check_invariants()
+        assert idx.num_entries <= 50
+    assert idx.num_nodes == 3
+    assert idx.evictions > 0
+    # the newest targets keep the whole prompt; evicted ones lost their deepest blocks first
+    assert idx.match("aaaabbbbcccc")["r39"] == 12
+    with pytest.raises(ValueError, match="max_entries"):
+        PrefixIndex(max_entries=0)
+
+
+def test_fresh_suffix_nodes_chain_and_share_with_later_prompts():
+    """A prompt whose tail is new gets its tail nodes in one go; later prompts share them."""
+    idx = PrefixIndex(block_chars=4, growth=0.0, store_text=True)
+    idx.insert("aaaabbbbcccc", "r1")
+    idx.insert("aaaabbbbddddeeee", "r2")  # shares 2 blocks, 2 new ones
+    idx.check_invariants()
+    assert idx.num_nodes == 5 and idx.num_entries == 3 + 4
+    assert sorted(idx.stored_text_blocks()) == [b"aaaa", b"bbbb", b"cccc", b"dddd", b"eeee"]
+    assert idx.match("aaaabbbbddddeeeeffff") == {"r1": 8, "r2": 16}
+    idx.insert("aaaabbbbddddeeee", "r1")  # r1 now also holds r2's tail
+    idx.check_invariants()
+    assert idx.match("aaaabbbbddddeeee") == {"r1": 16, "r2": 16}
+    assert idx.chars_of("r1") == 20 and idx.chars_of("r2") == 16
+    # LRU: r1's newest path sits at the end, leaf first
+    assert list(idx._lru)[-4:] == [(k, "r1") for k in reversed(idx.prepare("aaaabbbbddddeeee").keys)]

@@ -45,11 +45,13 @@ class PrefixIndexConfig(_Strict):
     growth: float = Field(0.125, ge=0.0, le=1.0, description="later blocks are this fraction of their offset (0: fixed blocks)")
     max_nodes: Optional[int] = Field(200_000, ge=1, description="global node budget (None: no node bound)")
     max_chars: Optional[int] = Field(None, ge=1, description="global budget of stored characters summed over targets")
+    max_entries: Optional[int] = Field(1_000_000, ge=1, description="global budget of (node, target) entries: what the index's memory grows with (~0.3 KB each) when many targets share nodes (None: no entry bound)")
     store_text: bool = Field(False, description="keep raw block text (debugging); False keeps hashes only")
 
     def build(self, clock: Callable[[], float] = None) -> PrefixIndex:
         kw = {} if clock is None else {"clock": clock}
-        return PrefixIndex(self.block_chars, self.growth, self.max_nodes, self.max_chars, self.store_text, **kw)
+        return PrefixIndex(self.block_chars, self.growth, self.max_nodes, self.max_chars, self.store_text,
+                           max_entries=self.max_entries, **kw)
 
 
 class PolicyConfig(_Strict):

@@ -28,7 +28,8 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from typing import Callable, Dict, Hashable, Iterable, List, Optional
+from itertools import repeat
+from typing import Callable, Dict, Hashable, Iterable, List, NamedTuple, Optional
 
 __all__ = ["PreparedText", "PrefixIndex"]
 
@@ -48,16 +49,17 @@ class PreparedText:
         self._data = data
 
 
-class _Node:
-    __slots__ = ("parent", "start", "end", "targets", "children", "text")
+class _Node(NamedTuple):
+    """One block of a prompt path. A tuple (built in C, untracked by the cyclic GC once its
+    ``targets`` dict holds only atomic keys and floats); ``targets`` is mutated in place."""
 
-    def __init__(self, parent: int, start: int, end: int):
-        self.parent = parent
-        self.start = start
-        self.end = end
-        self.targets: Dict[Hashable, float] = {}
-        self.children = 0
-        self.text: Optional[bytes] = None
+    parent: int
+    start: int
+    end: int
+    targets: Dict[Hashable, float]
+
+
+_new_node = tuple.__new__
 
 
 class PrefixIndex:
@@ -71,6 +73,7 @@ class PrefixIndex:
         max_chars: Optional[int] = None,
         store_text: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        max_entries: Optional[int] = 1_000_000,
     ):
         if not isinstance(block_chars, int) or block_chars < 1:
             raise ValueError(f"block_chars must be a positive integer, got {block_chars!r}")
@@ -80,13 +83,17 @@ class PrefixIndex:
             raise ValueError(f"max_nodes must be >= 1 or None, got {max_nodes!r}")
         if max_chars is not None and max_chars < 1:
             raise ValueError(f"max_chars must be >= 1 or None, got {max_chars!r}")
+        if max_entries is not None and max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1 or None, got {max_entries!r}")
         self.block_chars = block_chars
         self.growth = growth
         self.max_nodes = max_nodes
         self.max_chars = max_chars
+        self.max_entries = max_entries
         self.store_text = store_text
         self._clock = clock
         self._nodes: Dict[int, _Node] = {}
+        self._text: Dict[int, bytes] = {}  # raw block text, only with store_text
         self._lru: "OrderedDict[tuple, None]" = OrderedDict()
         self._chars = 0
         self._chars_by_target: Dict[Hashable, int] = {}
@@ -185,56 +192,84 @@ class PrefixIndex:
         if now is None:
             now = self._clock()
         nodes = self._nodes
-        path = []  # (key, was this (node, target) entry already present?)
-        append = path.append
-        prev = _ROOT
-        prev_node = None
-        start = 0
-        data = p._data
-        added = 0
         get = nodes.get
-        for key, end in zip(p.keys, p.ends):
+        keys = p.keys
+        ends = p.ends
+        n = len(keys)
+        prev = _ROOT
+        start = 0
+        added = 0
+        fresh = []  # path positions whose (node, target) entry is new, existing nodes only
+        i = 0
+        # 1) the part of the path that exists already
+        while i < n:
+            key = keys[i]
             node = get(key)
             if node is None:
-                node = _Node(prev, start, end)
-                if data is not None:
-                    node.text = data[start:end]
-                nodes[key] = node
-                if prev_node is not None:
-                    prev_node.children += 1
-                node.targets[target] = now
+                break
+            if node.parent != prev:
+                n = i  # CRC collision with another path: stop here, never corrupt the tree
+                break
+            tg = node.targets
+            end = ends[i]
+            if target not in tg:
                 added += end - start
-                append((key, False))
-            elif node.parent != prev:
-                break  # CRC collision with another path: stop here, never corrupt the tree
-            else:
-                tg = node.targets
-                if target in tg:
-                    append((key, True))
-                else:
-                    added += end - start
-                    append((key, False))
-                tg[target] = now
+                fresh.append(i)
+            tg[target] = now
             prev = key
-            prev_node = node
             start = end
+            i += 1
+        j = i  # 2) new nodes for keys[j:n] (a new node's descendants cannot exist: their keys
+        #          chain through it -- unless a CRC collides, checked in C below)
+        if j < n:
+            new_keys = keys[j:n]
+            if not nodes.keys().isdisjoint(new_keys):
+                m = j
+                while m < n and keys[m] not in nodes:
+                    m += 1
+                n = m
+                new_keys = keys[j:n]
+            k = n - j
+            if k:
+                new_ends = ends[j:n]
+                parents = [prev]
+                parents += keys[j:n - 1]
+                starts = [start]
+                starts += ends[j:n - 1]
+                new_nodes = map(_new_node, repeat(_Node, k),
+                                zip(parents, starts, new_ends, [{target: now} for _ in repeat(None, k)]))
+                nodes.update(zip(new_keys, new_nodes))
+                added += new_ends[-1] - start
+                if self.store_text and p._data is not None:
+                    data = p._data
+                    self._text.update(zip(new_keys, map(data.__getitem__, map(slice, starts, new_ends))))
         if added:
             self._chars += added
             self._chars_by_target[target] = self._chars_by_target.get(target, 0) + added
         # Touch leaf first, root last: a child's entry always sits before its parent's in the
         # LRU order, so the front of the order is always a leaf for its target.
         lru = self._lru
-        move = lru.move_to_end
-        for key, present in reversed(path):
-            if present:
-                move((key, target))
+        if n > j:
+            lru.update(zip(zip(reversed(keys[j:n]), repeat(target)), repeat(None)))
+        if j:
+            move = lru.move_to_end
+            if not fresh:
+                for key in reversed(keys[:j]):
+                    move((key, target))
             else:
-                lru[(key, target)] = None
-        self._enforce_budget()
+                fresh_set = set(fresh)
+                for pos in range(j - 1, -1, -1):
+                    if pos in fresh_set:
+                        lru[(keys[pos], target)] = None
+                    else:
+                        move((keys[pos], target))
+        if self._over_budget():
+            self._enforce_budget()
         return p
 
     def _over_budget(self) -> bool:
         return (self.max_nodes is not None and len(self._nodes) > self.max_nodes) or (
+            self.max_entries is not None and len(self._lru) > self.max_entries) or (
             self.max_chars is not None and self._chars > self.max_chars
         )
 
@@ -261,9 +296,8 @@ class PrefixIndex:
         if not node.targets:
             # Its children hold a subset of nothing: they are gone already.
             del nodes[key]
-            parent = nodes.get(node.parent)
-            if parent is not None:
-                parent.children -= 1
+            if self._text:
+                self._text.pop(key, None)
 
     def remove_target(self, target: Hashable) -> int:
         """Forget a target everywhere (a replica or region went away). Returns entries removed."""
@@ -277,6 +311,7 @@ class PrefixIndex:
 
     def clear(self) -> None:
         self._nodes.clear()
+        self._text.clear()
         self._lru.clear()
         self._chars = 0
         self._chars_by_target.clear()
@@ -305,24 +340,27 @@ class PrefixIndex:
         """Raise AssertionError if the subset invariant or the accounting is broken (for tests)."""
         nodes = self._nodes
         chars = 0
-        children: Dict[int, int] = {}
         for key, node in nodes.items():
             assert node.targets, f"empty node {key} kept"
+            assert node.end == key & 0xFFFFFFFF and node.start < node.end, f"bad block bounds at {key}"
             chars += (node.end - node.start) * len(node.targets)
             if node.parent != _ROOT:
                 parent = nodes.get(node.parent)
                 assert parent is not None, f"orphan node {key}"
+                assert parent.end == node.start, f"block {key} does not start where its parent ends"
                 assert node.targets.keys() <= parent.targets.keys(), f"subset invariant broken at {key}"
-                children[node.parent] = children.get(node.parent, 0) + 1
-        for key, node in nodes.items():
-            assert node.children == children.get(key, 0), f"child count wrong at {key}"
+            else:
+                assert node.start == 0, f"first-level block {key} does not start at 0"
+        assert set(self._text) <= set(nodes), "text kept for a freed node"
+        for (key, t) in self._lru:
+            assert t in nodes[key].targets, f"LRU entry {(key, t)} has no node entry"
         assert chars == self._chars, (chars, self._chars)
         assert len(self._lru) == sum(len(n.targets) for n in nodes.values())
         assert not self._over_budget(), "memory budget exceeded"
 
     def stored_text_blocks(self) -> List[bytes]:
         """The raw blocks kept (empty unless ``store_text=True``)."""
-        return [n.text for n in self._nodes.values() if n.text is not None]
+        return list(self._text.values())
 
     def snapshot(self) -> dict:
         """A compact, JSON-able copy (hashes only) to mirror into the registry."""
@@ -342,12 +380,10 @@ class PrefixIndex:
         rows = sorted(snap["nodes"], key=lambda r: r[3])  # parents (shorter ends) first
         entries = []
         for key, parent, start, end, targets in rows:
-            node = _Node(parent, start, end)
             if parent != _ROOT and parent not in self._nodes:
                 continue
+            node = _Node(parent, start, end, {})
             self._nodes[key] = node
-            if parent != _ROOT:
-                self._nodes[parent].children += 1
             for t, ts in targets.items():
                 node.targets[t] = ts
                 self._chars += end - start
