@@ -294,11 +294,11 @@ def plot(rows: List[dict], path: Path, title: str = "ray_geolb demo") -> Optiona
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4))
     labels = [r["label"].split(" (")[0].replace("PrefixCacheAffinity", "PrefixAff.") for r in rows]
     colors = ["#2b8cbe", "#969696", "#fdae6b", "#a1d99b"][: len(rows)]
-    for ax, (key, title, mul) in zip(axes, metrics):
+    for ax, (key, name, mul) in zip(axes, metrics):
         vals = [0.0 if r[key] is None else r[key] * mul for r in rows]
         ax.bar(range(len(rows)), vals, color=colors)
         ax.set_xticks(range(len(rows)), labels, rotation=25, ha="right", fontsize=8)
-        ax.set_title(title, fontsize=9)
+        ax.set_title(name, fontsize=9)
         for i, v in enumerate(vals):
             ax.text(i, v, f"{v:.1f}" if v < 100 else f"{v:.0f}", ha="center", va="bottom", fontsize=7)
     fig.suptitle(title, fontsize=9)
