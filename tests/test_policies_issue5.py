@@ -239,12 +239,57 @@ def test_geoprefix_trades_match_against_load_per_request():
     long_ = rq(2, P * 4 + "c" * 100)  # 8292 chars; a holds only its first 2048 -> still b
     pol.on_dispatch(rq(3, P * 4), "a", 0.2)  # now a holds all 8192 chars, queue 1000 + 1536 (uncached) tokens
     costs = pol.costs(long_, ["a", "b"], 0.3)
-    assert costs["a"] == pytest.approx(TP * (2073 - 2048) + TP * (1000 + 1536))
+    # own residual prefill + queue wait + the residual's slowdown of a's 2 in-flight requests (w_shared = 1)
+    assert costs["a"] == pytest.approx(TP * (2073 - 2048) + TP * (1000 + 1536) + TP * (2073 - 2048) * 2)
     assert costs["b"] == pytest.approx(TP * 2073)
     assert pol.choose(long_, 0.3).target == "b"
     pol.on_complete("r0", "a", 0.4)
     pol.on_complete("r3", "a", 0.4)  # a drained: the same request now goes to its prefix
     assert pol.choose(long_, 0.5).target == "a"
+
+
+def _zero_slope_fit(pol, target="a"):
+    """Observed TTFTs that fall as uncached tokens grow (queueing dominates): the fit clamps t_p to 0."""
+    for i in range(12):
+        rid = f"z{i}"
+        pol.on_dispatch(rq(rid, chr(65 + i) * (400 * (i + 1))), target, 0.0)  # no shared prefix
+        pol.on_complete(f"r{rid}", target, 0.1, ttft_s=5.0 - 0.1 * i)
+
+
+def test_geoprefix_floors_t_p_at_the_prior_so_a_queueing_dominated_fit_keeps_prefix_affinity():
+    gorgo = cost_policy("gorgo", tp_scope="pooled", match_half_life_s=None)
+    geo = cost_policy("geoprefix", match_half_life_s=None, w_shared=0.0)
+    for pol in (gorgo, geo):
+        _zero_slope_fit(pol)
+        assert pol.ttft.t_p() == 0.0  # the raw fit: slope clamped to 0
+    assert gorgo.pooled_t_p() == 0.0  # GORGO keeps its fit as is (tp_floor='none')
+    assert geo.pooled_t_p() == TP and geo.t_p("b") == TP  # GeoPrefix: never below the prior
+    for pol in (gorgo, geo):
+        pol.on_dispatch(rq("p", P + "x" * 400), "a", 1.0)
+        pol.on_complete("rp", "a", 1.1)
+    req = rq("q", P + "y" * 400)
+    assert len(set(gorgo.costs(req, ["a", "b"], 2.0).values())) == 1  # t_p = 0: every replica costs 0
+    costs = geo.costs(req, ["a", "b"], 2.0)
+    assert costs["a"] == pytest.approx(TP * (612 - 512)) and costs["b"] == pytest.approx(TP * 612)
+    assert geo.choose(req, 2.0).target == "a"
+    # the region layer reads the floored t_p too (stay cost, heartbeat)
+    r = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=dict(GEOPREFIX_COST)), geo)
+    assert r.heartbeat(0, 3.0, queued_tokens=0.0).extra["t_p_s"] == TP
+
+
+def test_geoprefix_prices_the_residual_prefill_for_the_requests_in_flight_at_the_replica():
+    geo = cost_policy("geoprefix", match_half_life_s=None, q_hat=0.0)  # w_shared = 1 by default
+    gorgo = cost_policy("gorgo", tp_scope="pooled", match_half_life_s=None, q_hat=0.0)
+    assert gorgo.config.w_shared == 0.0 and geo.config.w_shared == 1.0
+    for pol in (geo, gorgo):
+        pol.on_dispatch(rq("m", P + "x" * 400), "a", 0.0)  # a holds the prefix
+        for i in range(3):
+            pol.on_dispatch(rq(f"b{i}", f"{i}" * 3000), "b", 0.0)  # b: 3 requests in flight, no prefix
+    req = rq("n", P[:1024] + "y" * 1424)  # 612 tokens; a matches 1024 chars = 256 tokens
+    c = geo.costs(req, ["a", "b"], 0.1)
+    assert c["a"] == pytest.approx(TP * 356 + TP * 356 * 1)
+    assert c["b"] == pytest.approx(TP * 612 + TP * 612 * 3)
+    assert gorgo.costs(req, ["a", "b"], 0.1) == {"a": pytest.approx(TP * 356), "b": pytest.approx(TP * 612)}
 
 
 # ----------------------------------------------------------------------------- region layer

@@ -157,7 +157,8 @@ class CostSelector:
         return m if isinstance(m, TtftModel) else self.ttft
 
     def local_t_p(self, router) -> float:
-        return self._model(router).t_p()
+        f = getattr(router.local, "pooled_t_p", None)  # the local policy's pooled t_p, its floor applied
+        return float(f()) if callable(f) else self._model(router).t_p()
 
     def _mean_prompt(self, router, req) -> float:
         m = getattr(router.local, "mean_prompt_tokens", None)

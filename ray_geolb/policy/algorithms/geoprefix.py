@@ -3,7 +3,7 @@
 Local layer (this policy; selective pushing by pending requests, as SkyLB): among the *available*
 replicas,
 
-    cost(r) = w_prefill · t_p(r) · (L − L_hit(r)) + q̂ · t_p(r) · Q(r)
+    cost(r) = w_prefill · t_p · (L − L_hit(r)) + q̂ · t_p · Q(r) + w_shared · t_p · (L − L_hit(r)) · n(r)
 
 * ``L_hit(r)`` — the prefix this LB already sent to ``r``, in tokens (``chars_per_token``), **ignored
   when shorter than ``min_match_chars``** (a shared system prompt alone must not pile every request
@@ -18,6 +18,21 @@ replicas,
   observed TTFTs absorbs that replica's recent *queueing* (TTFT = queue + prefill), which makes a busy
   replica look slow per token and double-counts the queue that ``Q(r)`` already prices. Measured on
   SkyLB Fig. 8 (scale 0.5, 60 s): per-replica t_p lost 10-20 % throughput to prefix misses.
+
+* ``n(r)`` — the requests this LB has in flight at ``r``. The residual prefill is not only this
+  request's TTFT: in a continuous-batching engine every step that carries its prefill chunk is
+  slower by ``t_p`` per token for every sequence in the batch, so recomputing a prefix at a busy
+  replica costs everyone there. Pricing that (``w_shared = 1``) keeps a request on its cached
+  replica unless another replica is cheaper *including* the recompute it would impose; with only
+  the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity. Measured
+  (``benchmarks/compare_policies.py``, seeds 0/1): GeoPrefix/SkyLB throughput 0.97 -> 1.01 on
+  Fig. 8 ToT, 0.88 -> 1.02 on Ray-blog 8 replicas, 1.01 -> 1.10 on Fig. 9.
+* ``t_p`` is **floored at the prior** (``tp_floor="prior"``, GORGO Table 1's 0.0938 ms/token):
+  observed TTFTs under load are mostly queueing, and the Theil–Sen slope then often clamps to 0
+  (41 % of decisions on Fig. 8 conv-ShareGPT, 52 % on Ray-blog measured); with ``t_p = 0`` every
+  replica costs 0, ties go to the fewest outstanding requests and prefix affinity vanishes (and
+  the region layer's stay cost drops to 0). That, not ``min_match_chars`` or the age discount, was
+  most of GeoPrefix's hit-rate gap to SkyLB.
 
 The minimum wins; ties go to the fewest outstanding requests. Every request trades its match
 against each replica's load in the same units (seconds) — there is no fleet-wide "balance mode"
@@ -51,6 +66,9 @@ class GeoPrefix(CostPolicy):
         min_match_chars: int = Field(256, ge=0, description="matches shorter than this count as no match")
         match_half_life_s: Optional[float] = Field(600.0, gt=0.0, description="discount a match by its age (None: off)")
         tp_scope: Literal["target", "pooled"] = Field("pooled", description="one t_p fit over this LB's replicas")
+        tp_floor: Literal["none", "prior"] = Field("prior", description="t_p never below ttft.prior_tp_s")
+        w_shared: float = Field(1.0, ge=0.0, description="price the residual prefill's slowdown of the requests "
+                                                         "in flight at the replica")
 
 
 def geoprefix_two_layer(region: str, **over) -> dict:

@@ -53,6 +53,14 @@ class CostConfig(PolicyConfig):
     tp_scope: Literal["target", "pooled"] = Field(
         "target", description="t_p per replica ('target', GORGO: each server's own rate) or one pooled fit over "
                               "this LB's replicas ('pooled')")
+    w_shared: float = Field(
+        0.0, ge=0.0, description="weight of the residual prefill's cost to the requests already in flight at "
+                                 "the replica (each of its batch steps slows by t_p per prefill token): "
+                                 "w_shared · t_p · (L − L_hit) · outstanding(r); 0 = GORGO (own TTFT only)")
+    tp_floor: Literal["none", "prior"] = Field(
+        "none", description="lower bound on the fitted t_p: 'none' (the fit as is) or 'prior' (never below "
+                            "ttft.prior_tp_s: a fit dominated by queueing can clamp to 0, which erases the "
+                            "residual-prefill term and with it all prefix affinity)")
 
 
 class CostPolicy(PrefixPolicy):
@@ -118,16 +126,26 @@ class CostPolicy(PrefixPolicy):
         _, _, unseen = self.work.unseen(target, s.timestamp if s is not None else None)
         return waiting + unseen
 
+    def _floor(self, tp: float) -> float:
+        return max(tp, self.config.ttft.prior_tp_s) if self.config.tp_floor == "prior" else tp
+
+    def pooled_t_p(self) -> float:
+        """Seconds per prefill token over this LB's replicas (the pooled fit, ``tp_floor`` applied)."""
+        return self._floor(self.ttft.t_p())
+
     def t_p(self, target: Hashable) -> float:
         """Seconds per prefill token at ``target`` (its own fit, or the pooled one; see ``tp_scope``)."""
-        return self.ttft.t_p() if self.config.tp_scope == "pooled" else self.ttft.t_p(target)
+        return self.pooled_t_p() if self.config.tp_scope == "pooled" else self._floor(self.ttft.t_p(target))
 
     def _cost(self, req, t, hit: float, now: float) -> float:
         cfg = self.config
         tp = self.t_p(t)
         L = req.prompt_tokens
-        return (cfg.w_rtt * self.rtt(t, req) + cfg.w_prefill * tp * max(0.0, L - hit)
-                + cfg.q_hat * tp * self.queued_tokens(t))
+        residual = tp * max(0.0, L - hit)
+        c = cfg.w_rtt * self.rtt(t, req) + cfg.w_prefill * residual + cfg.q_hat * tp * self.queued_tokens(t)
+        if cfg.w_shared:
+            c += cfg.w_shared * residual * self.tracker.outstanding(t)
+        return c
 
     def costs(self, req, eligible, now: float) -> Dict[Hashable, float]:
         hits = self._hits(req, eligible, now)
