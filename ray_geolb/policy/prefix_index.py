@@ -28,7 +28,9 @@ import time
 import zlib
 from bisect import bisect_right
 from collections import OrderedDict
-from itertools import repeat
+from collections import deque as _consume
+from itertools import compress, repeat
+from operator import contains, itemgetter, not_
 from typing import Callable, Dict, Hashable, Iterable, List, NamedTuple, Optional
 
 __all__ = ["PreparedText", "PrefixIndex"]
@@ -60,6 +62,8 @@ class _Node(NamedTuple):
 
 
 _new_node = tuple.__new__
+_parent_of = itemgetter(0)
+_targets_of = itemgetter(3)
 
 
 class PrefixIndex:
@@ -199,26 +203,36 @@ class PrefixIndex:
         prev = _ROOT
         start = 0
         added = 0
-        fresh = []  # path positions whose (node, target) entry is new, existing nodes only
-        i = 0
-        # 1) the part of the path that exists already
-        while i < n:
-            key = keys[i]
-            node = get(key)
-            if node is None:
-                break
-            if node.parent != prev:
-                n = i  # CRC collision with another path: stop here, never corrupt the tree
-                break
-            tg = node.targets
-            end = ends[i]
-            if target not in tg:
-                added += end - start
-                fresh.append(i)
-            tg[target] = now
-            prev = key
-            start = end
-            i += 1
+        fresh = ()  # path positions whose (node, target) entry is new, existing nodes only
+        # 1) the part of the path that exists already (bulk lookups in C)
+        found = list(map(get, keys))
+        try:
+            i = found.index(None)
+        except ValueError:
+            i = n
+        if i:
+            exist = found[:i] if i < n else found
+            parents = list(map(_parent_of, exist))
+            if parents[0] != _ROOT or parents[1:] != keys[:i - 1]:
+                # a CRC collision with another path: stop right before it, never corrupt the tree
+                m = 0
+                expect = _ROOT
+                while m < i and parents[m] == expect:
+                    expect = keys[m]
+                    m += 1
+                n = i = m
+                exist = exist[:m]
+        if i:
+            tgs = list(map(_targets_of, exist))
+            have = list(map(contains, tgs, repeat(target, i)))
+            if not all(have):
+                fresh = list(compress(range(i), map(not_, have)))
+                for k in fresh:
+                    added += ends[k] - (ends[k - 1] if k else 0)
+            for tg in tgs:
+                tg[target] = now
+            prev = keys[i - 1]
+            start = ends[i - 1]
         j = i  # 2) new nodes for keys[j:n] (a new node's descendants cannot exist: their keys
         #          chain through it -- unless a CRC collides, checked in C below)
         if j < n:
@@ -252,17 +266,10 @@ class PrefixIndex:
         if n > j:
             lru.update(zip(zip(reversed(keys[j:n]), repeat(target)), repeat(None)))
         if j:
-            move = lru.move_to_end
-            if not fresh:
-                for key in reversed(keys[:j]):
-                    move((key, target))
-            else:
-                fresh_set = set(fresh)
-                for pos in range(j - 1, -1, -1):
-                    if pos in fresh_set:
-                        lru[(keys[pos], target)] = None
-                    else:
-                        move((keys[pos], target))
+            if fresh:
+                lru.update(zip(zip(map(keys.__getitem__, fresh), repeat(target)), repeat(None)))
+            # every entry of the existing part to the end, deepest first (fresh ones included)
+            _consume(map(lru.move_to_end, zip(reversed(keys[:j]), repeat(target))), maxlen=0)
         if self._over_budget():
             self._enforce_budget()
         return p
