@@ -396,9 +396,31 @@ def test_snapshot_match_lowers_a_peers_cost():
 def test_heartbeat_carries_queue_tokens_replicas_and_t_p():
     r = region(remote="cost")
     hb = r.heartbeat(3, 2.0, queued_tokens=1200)
-    assert hb.queue_len == 3 and hb.extra == {"replicas": 2, "t_p_s": pytest.approx(TP), "queued_tokens": 1200.0}
+    assert hb.queue_len == 3 and hb.extra == {"replicas": 2, "t_p_s": pytest.approx(TP), "inflight": 0,
+                                              "queued_tokens": 1200.0}
+    r.on_dispatch(rq(0, "x" * 400), "us-0", 2.1)
+    assert r.heartbeat(3, 2.5).extra["inflight"] == 1  # requests in flight at this region's replicas
     plain = region(policy="skylb")  # SkyLB modes keep their heartbeat unchanged
     assert plain.heartbeat(0, 2.0).extra == {}
+
+
+@pytest.mark.parametrize("w_shared, expect", [(0.0, "ca"), (1.0, "au")])
+def test_peer_recompute_is_priced_for_the_requests_in_flight_there(w_shared, expect):
+    r = region(remote="cost", cost={**GEOPREFIX_COST, "w_shared": w_shared}, snapshot=FIXED)
+    fill(r)  # no local replica available
+    r.update_peer(PeerState("ca", 2, 0, 1.0, rtt_s=0.02, extra={"replicas": 2, "inflight": 60}))  # near, 30/replica
+    r.update_peer(PeerState("au", 2, 0, 1.0, rtt_s=0.2, extra={"replicas": 2, "inflight": 0}))  # far, idle
+    req = rq(1, "q" * 4000)  # 1000 tokens, cached nowhere
+    d = r.decide(req, 1.1)
+    assert d.kind == "forward" and d.target == expect
+    c = r.selector.last_costs
+    # ca: 0.02 + 1.0 (+ 1.0 × 30 in flight per replica); au: 0.2 + 1.0
+    assert c["ca"] == pytest.approx(0.02 + TP * 1000 * (1 + 30 * w_shared))
+    assert c["au"] == pytest.approx(0.2 + TP * 1000)
+    if w_shared:  # forwards since the heartbeat count as in flight there
+        r.on_forward(req, "au", 1.2)
+        assert r.selector.peer_inflight(r, "au") == pytest.approx(0.5)
+    assert GORGO_COST.get("w_shared", 0.0) == 0.0  # GORGO's selector is unchanged
 
 
 # ----------------------------------------------------------------------------- data residency
