@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import statistics
 import string
@@ -48,32 +49,35 @@ from ray_geolb.serve.router import GeoPrefixRouter
 # ------------------------------------------------------------------ timing subclasses
 def _timed(base, label):
     class Timed(base):
+        # The clocks stop before the bookkeeping below, so only the router's own call is timed.
         async def choose_replicas(self, candidate_replicas, pending_request=None):
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return await base.choose_replicas(self, candidate_replicas, pending_request)
             finally:
+                dt, dc = time.perf_counter() - t0, time.thread_time() - c0
                 if pending_request is not None:
                     import ray_geolb.serve as s
 
                     d = s.PROCESS_STATE.setdefault(("bench", label), {})
                     c = s.PROCESS_STATE.setdefault(("bench-cpu", label), {})
                     k = pending_request.metadata.internal_request_id
-                    d[k] = d.get(k, 0.0) + (time.perf_counter() - t0)
-                    c[k] = c.get(k, 0.0) + (time.thread_time() - c0)
+                    d[k] = d.get(k, 0.0) + dt
+                    c[k] = c.get(k, 0.0) + dc
 
         def on_request_routed(self, pending_request, replica_id, result):
             t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 return base.on_request_routed(self, pending_request, replica_id, result)
             finally:
+                dt, dc = time.perf_counter() - t0, time.thread_time() - c0
                 import ray_geolb.serve as s
 
                 d = s.PROCESS_STATE.setdefault(("bench", label), {})
                 c = s.PROCESS_STATE.setdefault(("bench-cpu", label), {})
                 k = pending_request.metadata.internal_request_id
-                d[k] = d.get(k, 0.0) + (time.perf_counter() - t0)
-                c[k] = c.get(k, 0.0) + (time.thread_time() - c0)
+                d[k] = d.get(k, 0.0) + dt
+                c[k] = c.get(k, 0.0) + dc
 
     Timed.__name__ = Timed.__qualname__ = f"Timed{label}"
     return Timed
@@ -149,8 +153,8 @@ def pct(xs, q):
     return xs[k]
 
 
-def run_one(label, cls, key, kwargs, args, reqs, warm):
-    app = f"bench-{key.lower()}"
+def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
+    app = f"bench-{key.lower()}-{rnd}"
     dep = serve.deployment(
         Light, name="Light", num_replicas=args.replicas, max_ongoing_requests=1000,
         ray_actor_options={"num_cpus": 0},
@@ -180,7 +184,7 @@ def run_one(label, cls, key, kwargs, args, reqs, warm):
         extra = f"held={r.counters['held']} errors={r.counters['internal_errors']} fallback={r.counters['fallback']}"
     serve.delete(app)
     return {
-        "router": label, "n_timed": len(times_ms), "p50_ms": pct(times_ms, 50), "p99_ms": pct(times_ms, 99),
+        "router": label, "round": rnd, "load1": os.getloadavg()[0], "n_timed": len(times_ms), "p50_ms": pct(times_ms, 50), "p99_ms": pct(times_ms, 99),
         "cpu_p50_ms": pct(cpu_ms, 50), "cpu_p99_ms": pct(cpu_ms, 99),
         "mean_ms": statistics.fmean(times_ms) if times_ms else float("nan"),
         "rps": len(reqs) / wall, "affinity": hits / max(1, later),
@@ -194,6 +198,9 @@ def main():
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--num-cpus", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat the three routers this many times in one Ray session (interleaved), and report "
+                         "each round, the best round and the spread")
     args = ap.parse_args()
     ctx = ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
                    _temp_dir=tempfile.mkdtemp(prefix="/tmp/rgB"), logging_level="error", log_to_driver=False)
@@ -201,10 +208,10 @@ def main():
     serve.start()
     reqs = make_workload(args.requests)
     warm = [(0, f"warm-up {i} " * 50) for i in range(32)]
-    rows = []
+    rounds = []
     try:
-        for label, cls, key, kw in ROUTERS:
-            rows.append(run_one(label, cls, key, kw, args, reqs, warm))
+        for rnd in range(args.rounds):
+            rounds.append([run_one(label, cls, key, kw, args, reqs, warm, rnd) for label, cls, key, kw in ROUTERS])
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -212,19 +219,35 @@ def main():
           f"concurrency {args.concurrency}, 32 groups x 4,000-char system prompt + ~28,000 unique chars")
     print("light replicas report num_waiting=0, num_running=in-flight, max_num_seqs=256 (no KV fields); "
           "GeoPrefixRouter availability.max_burst=64, so SP-P headroom = min(64, 256 - running)")
-    hdr = f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} {'req/s':>8s} {'affinity':>8s}  per-replica counts"
+    hdr = f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} {'req/s':>8s} {'affinity':>8s} {'load1':>6s}  per-replica counts"
     print("times are per request, summed over its choose_replicas + on_request_routed calls; 'ms' = wall "
-          "(perf_counter, includes GIL waits behind other threads of this process), 'cpu' = thread_time")
-    print(hdr)
-    print("-" * len(hdr))
-    p2 = next(r for r in rows if r["router"].startswith("PowerOfTwo"))
-    for r in rows:
-        print(f"{r['router']:28s} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['mean_ms']:8.3f} {r['cpu_p50_ms']:8.3f} {r['cpu_p99_ms']:8.3f} {r['rps']:8.1f} "
-              f"{r['affinity']:8.3f}  {r['spread']} {r['extra']}")
-    g = rows[0]
-    print(f"\nGeoPrefixRouter vs bar: p50 {g['p50_ms']:.3f} ms (<= 0.1), p99 {g['p99_ms']:.3f} ms (<= 1), "
-          f"throughput {g['rps'] / p2['rps']:.0%} of power-of-two (>= 90%), affinity {g['affinity']:.3f} (>= 0.8); "
-          f"timed requests: {', '.join(str(r['n_timed']) for r in rows)}")
+          "(perf_counter, includes GIL waits behind other threads of this process), 'cpu' = thread_time; "
+          "load1 = the machine's 1-minute load average after the router's run (2 cores here)")
+    verdicts = []
+    for rows in rounds:
+        if args.rounds > 1:
+            print(f"\nround {rows[0]['round'] + 1} of {args.rounds}")
+        print(hdr)
+        print("-" * len(hdr))
+        p2 = next(r for r in rows if r["router"].startswith("PowerOfTwo"))
+        for r in rows:
+            print(f"{r['router']:28s} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['mean_ms']:8.3f} {r['cpu_p50_ms']:8.3f} {r['cpu_p99_ms']:8.3f} {r['rps']:8.1f} "
+                  f"{r['affinity']:8.3f} {r['load1']:6.1f}  {r['spread']} {r['extra']}")
+        g = rows[0]
+        v = {"p50": g["p50_ms"], "p99": g["p99_ms"], "cpu_p50": g["cpu_p50_ms"], "cpu_p99": g["cpu_p99_ms"],
+             "thr": g["rps"] / p2["rps"], "aff": g["affinity"]}
+        verdicts.append(v)
+        print(f"GeoPrefixRouter vs bar: p50 {g['p50_ms']:.3f} ms (<= 0.1), p99 {g['p99_ms']:.3f} ms (<= 1), "
+              f"throughput {v['thr']:.0%} of power-of-two (>= 90%), affinity {g['affinity']:.3f} (>= 0.8); "
+              f"timed requests: {', '.join(str(r['n_timed']) for r in rows)}")
+    if len(verdicts) > 1:
+        def span(k, fmt):
+            xs = [v[k] for v in verdicts]
+            return f"{k} " + " / ".join(fmt.format(x) for x in xs)
+        best = min(range(len(verdicts)), key=lambda i: verdicts[i]["p50"])
+        print(f"\nGeoPrefixRouter over {len(verdicts)} rounds (each round: {span('p50', '{:.3f}')} ms; "
+              f"{span('p99', '{:.3f}')} ms; {span('cpu_p50', '{:.3f}')} ms; {span('cpu_p99', '{:.3f}')} ms; "
+              f"{span('thr', '{:.0%}')}; {span('aff', '{:.3f}')}); best round by p50: {best + 1}")
 
 
 if __name__ == "__main__":
