@@ -483,3 +483,17 @@ def test_two_layer_cost_config_errors_name_the_field(cfg, field):
         TwoLayerConfig(region="us", **cfg)
     with pytest.raises(ValidationError):
         CostSelector(cfg.get("cost"))
+
+
+def test_stay_cost_leaves_the_in_flight_term_out_when_peers_do_not_report_it():
+    r = region(remote="cost", cost=dict(GEOPREFIX_COST), snapshot=FIXED)
+    fill(r)
+    for i in range(4):
+        r.on_dispatch(rq(f"l{i}", f"{i}" * 800), "us-0", 0.5)  # 4 requests in flight here
+    req = rq(1, "q" * 4000)
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.1))  # a heartbeat without 'inflight' (e.g. an old peer)
+    r.decide(req, 1.1)
+    no_count = r.selector.last_costs[None]
+    r.update_peer(PeerState("eu", 2, 0, 1.05, rtt_s=0.1, extra={"replicas": 2, "inflight": 0}))
+    r.decide(req, 1.1)
+    assert r.selector.last_costs[None] == pytest.approx(no_count + TP * 1000 * 4 / 2)

@@ -202,8 +202,10 @@ class CostSelector:
                 q += (s.num_waiting if s is not None else 0) * mean + local.tracker.unseen(t) * mean
         return q
 
-    def local_cost(self, router, req, now: float) -> Optional[float]:
-        """Estimated TTFT of holding the request here; None if staying is not an option."""
+    def local_cost(self, router, req, now: float, shared: bool = True) -> Optional[float]:
+        """Estimated TTFT of holding the request here; None if staying is not an option. ``shared=False``
+        leaves the in-flight term out (when the peers' heartbeats carry no in-flight count, so that
+        both sides of the comparison are priced alike)."""
         cfg = self.config
         allowed = req.allowed_regions
         if allowed is not None and router.region not in allowed:
@@ -223,7 +225,7 @@ class CostSelector:
         wait = tp * self.local_queue_tokens(router, req) / n
         residual = tp * max(0.0, req.prompt_tokens - hit)
         c = cfg.w_prefill * residual + cfg.q_hat * wait
-        if cfg.w_shared:
+        if cfg.w_shared and shared:
             c += cfg.w_shared * residual * self._inflight(router) / n
         return c
 
@@ -284,7 +286,8 @@ class CostSelector:
         """(region, matched chars, reason), or (None, 0, reason) to hold the request here."""
         costs, raw, hits = self.peer_costs(router, req, peers, now)
         best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))
-        stay = self.local_cost(router, req, now) if self.config.stay_local else None
+        shared = all(isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers)
+        stay = self.local_cost(router, req, now, shared) if self.config.stay_local else None
         self.last_costs = dict(costs)
         self.last_costs[None] = stay if stay is not None else math.inf
         if stay is not None and stay <= costs[best]:
