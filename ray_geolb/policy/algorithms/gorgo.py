@@ -23,6 +23,7 @@ it takes two arguments, for the client's region) returns the RTT in seconds to t
 
 from __future__ import annotations
 
+import heapq
 import inspect
 import math
 from typing import Callable, Dict, Hashable, List, Literal, Optional
@@ -57,6 +58,8 @@ class CostConfig(PolicyConfig):
         0.0, ge=0.0, description="weight of the residual prefill's cost to the requests already in flight at "
                                  "the replica (each of its batch steps slows by t_p per prefill token): "
                                  "w_shared · t_p · (L − L_hit) · outstanding(r); 0 = GORGO (own TTFT only)")
+    exact_upto: int = Field(32, ge=1, description="price every eligible replica up to this many; beyond, only the matched ones and the `sample_unmatched` least loaded")
+    sample_unmatched: int = Field(8, ge=1, description="unmatched replicas priced when more than `exact_upto` are eligible")
     tp_floor: Literal["none", "prior"] = Field(
         "none", description="lower bound on the fitted t_p: 'none' (the fit as is) or 'prior' (never below "
                             "ttft.prior_tp_s: a fit dominated by queueing can clamp to 0, which erases the "
@@ -137,20 +140,37 @@ class CostPolicy(PrefixPolicy):
         """Seconds per prefill token at ``target`` (its own fit, or the pooled one; see ``tp_scope``)."""
         return self.pooled_t_p() if self.config.tp_scope == "pooled" else self._floor(self.ttft.t_p(target))
 
-    def _cost(self, req, t, hit: float, now: float) -> float:
-        cfg = self.config
-        tp = self.t_p(t)
-        L = req.prompt_tokens
-        residual = tp * max(0.0, L - hit)
-        c = cfg.w_rtt * self.rtt(t, req) + cfg.w_prefill * residual + cfg.q_hat * tp * self.queued_tokens(t)
-        if cfg.w_shared:
-            c += cfg.w_shared * residual * self.tracker.outstanding(t)
-        return c
-
     def costs(self, req, eligible, now: float) -> Dict[Hashable, float]:
+        """Estimated cost per candidate. Up to ``exact_upto`` eligible replicas every one is priced;
+        beyond that (a large fleet behind one LB), the replicas with a prefix match plus the
+        ``sample_unmatched`` least-loaded others -- an unmatched replica's cost only grows with its
+        load, so the cheapest unmatched one is almost always among the least loaded (exact when the
+        RTT term is the same for all)."""
+        cfg = self.config
         hits = self._hits(req, eligible, now)
         req.cache[("hits", id(self))] = hits
-        return {t: self._cost(req, t, hits.get(t, 0.0), now) for t in eligible}
+        cands = eligible
+        outstanding = self.tracker.outstanding
+        if len(eligible) > cfg.exact_upto:
+            rest = [t for t in eligible if t not in hits]
+            if len(rest) > cfg.sample_unmatched:
+                rest = heapq.nsmallest(cfg.sample_unmatched, rest, key=outstanding)
+            cands = [t for t in eligible if t in hits] + rest
+        L = req.prompt_tokens
+        pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
+        rtt = self.rtt if self._rtt_fn is not None else None
+        w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
+        out = {}
+        for t in cands:
+            tp = pooled_tp if pooled_tp is not None else self.t_p(t)
+            residual = tp * max(0.0, L - hits.get(t, 0.0))
+            c = w_prefill * residual + q_hat * tp * self.queued_tokens(t)
+            if w_shared:
+                c += w_shared * residual * outstanding(t)
+            if rtt is not None:
+                c += w_rtt * rtt(t, req)
+            out[t] = c
+        return out
 
     def _argmin(self, costs: Dict[Hashable, float]) -> Hashable:
         best = min(costs.values())
