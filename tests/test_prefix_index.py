@@ -230,3 +230,12 @@ def test_fresh_suffix_nodes_chain_and_share_with_later_prompts():
     assert idx.chars_of("r1") == 20 and idx.chars_of("r2") == 16
     # LRU: r1's newest path sits at the end, leaf first
     assert list(idx._lru)[-4:] == [(k, "r1") for k in reversed(idx.prepare("aaaabbbbddddeeee").keys)]
+
+
+def test_last_access_reads_the_entry_time():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    p = idx.insert("aaaabbbb", "r1", now=5.0)
+    idx.insert("aaaa", "r2", now=7.0)
+    assert idx.last_access(p.keys[0], "r1") == 5.0 and idx.last_access(p.keys[0], "r2") == 7.0
+    assert idx.last_access(p.keys[1], "r1") == 5.0 and idx.last_access(p.keys[1], "r2") is None
+    assert idx.last_access(12345, "r1") is None

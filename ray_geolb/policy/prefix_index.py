@@ -336,6 +336,13 @@ class PrefixIndex:
     def stored_chars(self) -> int:
         return self._chars
 
+    def last_access(self, key: int, target: Hashable) -> Optional[float]:
+        """When ``target`` was last sent the prefix ending at block ``key`` (a
+        :attr:`PreparedText.keys` entry); None if the index does not hold that entry.
+        Use this rather than reading ``_nodes`` (its node representation may change)."""
+        node = self._nodes.get(key)
+        return None if node is None else node[3].get(target)
+
     def chars_of(self, target: Hashable) -> int:
         """How much text (Σ block lengths) the index attributes to ``target`` (its 'tree size')."""
         return self._chars_by_target.get(target, 0)
