@@ -91,8 +91,7 @@ def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Opti
         elif ends[mid] > chars:
             hi = mid - 1
         else:
-            node = index._nodes.get(prepared.keys[mid])
-            t = None if node is None else node.targets.get(target)
+            t = index.last_access(prepared.keys[mid], target)
             return None if t is None else max(0.0, now - t)
     return None
 
