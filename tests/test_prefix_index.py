@@ -239,3 +239,22 @@ def test_last_access_reads_the_entry_time():
     assert idx.last_access(p.keys[0], "r1") == 5.0 and idx.last_access(p.keys[0], "r2") == 7.0
     assert idx.last_access(p.keys[1], "r1") == 5.0 and idx.last_access(p.keys[1], "r2") is None
     assert idx.last_access(12345, "r1") is None
+
+
+def test_nodes_hold_no_gc_tracked_objects():
+    """A big index must not make every full GC pass walk its nodes: a node is a plain tuple of ints
+    plus a dict of atomic keys and floats, both of which CPython's collector untracks; the
+    ``_nodes`` view still reads them as (parent, start, end, targets)."""
+    import gc
+    import platform
+
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    p = idx.insert("aaaabbbbcccc", "r1", now=1.0)
+    gc.collect()
+    if platform.python_implementation() == "CPython":
+        for k in p.keys:
+            assert not gc.is_tracked(idx._map[k]) and not gc.is_tracked(idx._tg[k])
+    node = idx._nodes.get(p.keys[1])
+    assert (node.parent, node.start, node.end, node.targets) == (p.keys[0], 4, 8, {"r1": 1.0})
+    assert idx._nodes.get(123) is None and p.keys[2] in idx._nodes and len(idx._nodes) == 3
+    idx.check_invariants()

@@ -52,8 +52,14 @@ class PreparedText:
 
 
 class _Node(NamedTuple):
-    """One block of a prompt path. A tuple (built in C, untracked by the cyclic GC once its
-    ``targets`` dict holds only atomic keys and floats); ``targets`` is mutated in place."""
+    """A read-only *view* of one block of a prompt path (what ``PrefixIndex._nodes.get`` returns).
+
+    The index stores a node as two entries: ``_map[key] = (parent, start, end)``, a plain tuple of
+    ints, and ``_tg[key] = {target: last access}``, a dict of atomic keys and floats. CPython's
+    cyclic GC untracks both, so a big index adds nothing to what every full collection walks (a
+    node object, or a tuple holding a dict, would stay tracked forever: in the Ray router GC was
+    most of the CPU p99).
+    """
 
     parent: int
     start: int
@@ -61,9 +67,33 @@ class _Node(NamedTuple):
     targets: Dict[Hashable, float]
 
 
-_new_node = tuple.__new__
+class _NodesView:
+    """``index._nodes``: ``get``/``[]``/``in``/``len``/``items`` over the nodes, as :class:`_Node`."""
+
+    __slots__ = ("_m", "_t")
+
+    def __init__(self, m, t):
+        self._m, self._t = m, t
+
+    def get(self, key, default=None):
+        v = self._m.get(key)
+        return default if v is None else _Node(v[0], v[1], v[2], self._t[key])
+
+    def __getitem__(self, key):
+        v = self._m[key]
+        return _Node(v[0], v[1], v[2], self._t[key])
+
+    def __contains__(self, key):
+        return key in self._m
+
+    def __len__(self):
+        return len(self._m)
+
+    def items(self):
+        t = self._t
+        return ((k, _Node(v[0], v[1], v[2], t[k])) for k, v in self._m.items())
+
 _parent_of = itemgetter(0)
-_targets_of = itemgetter(3)
 
 
 class PrefixIndex:
@@ -96,7 +126,8 @@ class PrefixIndex:
         self.max_entries = max_entries
         self.store_text = store_text
         self._clock = clock
-        self._nodes: Dict[int, _Node] = {}
+        self._map: Dict[int, tuple] = {}  # key -> (parent key, start, end)
+        self._tg: Dict[int, Dict[Hashable, float]] = {}  # key -> {target: last access}
         self._text: Dict[int, bytes] = {}  # raw block text, only with store_text
         self._lru: "OrderedDict[tuple, None]" = OrderedDict()
         self._chars = 0
@@ -149,7 +180,8 @@ class PrefixIndex:
         Targets with no match at all are absent from the result.
         """
         p = self.prepare(text)
-        nodes = self._nodes
+        nodes = self._map
+        tgs = self._tg
         avail = None if available is None else (available if isinstance(available, (set, frozenset)) else set(available))
         result: Dict[Hashable, int] = {}
         alive = None
@@ -159,9 +191,9 @@ class PrefixIndex:
         ends = p.ends
         for i, key in enumerate(p.keys):
             node = nodes.get(key)
-            if node is None or node.parent != prev:
+            if node is None or node[0] != prev:
                 break
-            tg = node.targets
+            tg = tgs[key]
             if alive is None:
                 alive = set(tg) if avail is None else (tg.keys() & avail)
             elif len(tg) < alive_n:
@@ -195,7 +227,7 @@ class PrefixIndex:
         p = self.prepare(text)
         if now is None:
             now = self._clock()
-        nodes = self._nodes
+        nodes = self._map
         get = nodes.get
         keys = p.keys
         ends = p.ends
@@ -223,7 +255,7 @@ class PrefixIndex:
                 n = i = m
                 exist = exist[:m]
         if i:
-            tgs = list(map(_targets_of, exist))
+            tgs = list(map(self._tg.__getitem__, keys[:i]))
             have = list(map(contains, tgs, repeat(target, i)))
             if not all(have):
                 fresh = list(compress(range(i), map(not_, have)))
@@ -250,9 +282,8 @@ class PrefixIndex:
                 parents += keys[j:n - 1]
                 starts = [start]
                 starts += ends[j:n - 1]
-                new_nodes = map(_new_node, repeat(_Node, k),
-                                zip(parents, starts, new_ends, [{target: now} for _ in repeat(None, k)]))
-                nodes.update(zip(new_keys, new_nodes))
+                nodes.update(zip(new_keys, zip(parents, starts, new_ends)))
+                self._tg.update(zip(new_keys, [{target: now} for _ in repeat(None, k)]))
                 added += new_ends[-1] - start
                 if self.store_text and p._data is not None:
                     data = p._data
@@ -275,7 +306,7 @@ class PrefixIndex:
         return p
 
     def _over_budget(self) -> bool:
-        return (self.max_nodes is not None and len(self._nodes) > self.max_nodes) or (
+        return (self.max_nodes is not None and len(self._map) > self.max_nodes) or (
             self.max_entries is not None and len(self._lru) > self.max_entries) or (
             self.max_chars is not None and self._chars > self.max_chars
         )
@@ -284,25 +315,27 @@ class PrefixIndex:
         if not self._over_budget():
             return
         lru = self._lru
-        nodes = self._nodes
+        nodes = self._map
         while lru and self._over_budget():
             (key, target), _ = lru.popitem(last=False)
             self._drop_entry(nodes, key, target)
             self.evictions += 1
 
-    def _drop_entry(self, nodes: Dict[int, _Node], key: int, target: Hashable) -> None:
+    def _drop_entry(self, nodes: Dict[int, tuple], key: int, target: Hashable) -> None:
         node = nodes[key]
-        del node.targets[target]
-        size = node.end - node.start
+        tg = self._tg[key]
+        del tg[target]
+        size = node[2] - node[1]
         self._chars -= size
         left = self._chars_by_target[target] - size
         if left:
             self._chars_by_target[target] = left
         else:
             del self._chars_by_target[target]
-        if not node.targets:
+        if not tg:
             # Its children hold a subset of nothing: they are gone already.
             del nodes[key]
+            del self._tg[key]
             if self._text:
                 self._text.pop(key, None)
 
@@ -310,14 +343,15 @@ class PrefixIndex:
         """Forget a target everywhere (a replica or region went away). Returns entries removed."""
         keys = [k for (k, t) in self._lru if t == target]
         # Deepest first so nodes emptied bottom-up keep the parent links consistent.
-        keys.sort(key=lambda k: self._nodes[k].end, reverse=True)
+        keys.sort(key=lambda k: self._map[k][2], reverse=True)
         for k in keys:
             del self._lru[(k, target)]
-            self._drop_entry(self._nodes, k, target)
+            self._drop_entry(self._map, k, target)
         return len(keys)
 
     def clear(self) -> None:
-        self._nodes.clear()
+        self._map.clear()
+        self._tg.clear()
         self._text.clear()
         self._lru.clear()
         self._chars = 0
@@ -326,7 +360,7 @@ class PrefixIndex:
     # ------------------------------------------------------------------ introspection
     @property
     def num_nodes(self) -> int:
-        return len(self._nodes)
+        return len(self._map)
 
     @property
     def num_entries(self) -> int:
@@ -340,8 +374,13 @@ class PrefixIndex:
         """When ``target`` was last sent the prefix ending at block ``key`` (a
         :attr:`PreparedText.keys` entry); None if the index does not hold that entry.
         Use this rather than reading ``_nodes`` (its node representation may change)."""
-        node = self._nodes.get(key)
-        return None if node is None else node[3].get(target)
+        tg = self._tg.get(key)
+        return None if tg is None else tg.get(target)
+
+    @property
+    def _nodes(self) -> _NodesView:
+        """Read-only view of the nodes as :class:`_Node` (introspection; prefer :meth:`last_access`)."""
+        return _NodesView(self._map, self._tg)
 
     def chars_of(self, target: Hashable) -> int:
         """How much text (Σ block lengths) the index attributes to ``target`` (its 'tree size')."""
@@ -352,7 +391,10 @@ class PrefixIndex:
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the subset invariant or the accounting is broken (for tests)."""
-        nodes = self._nodes
+        assert self._tg.keys() == self._map.keys(), "node map and target map disagree"
+        for key, v in self._map.items():
+            assert type(v) is tuple and len(v) == 3, f"node {key} is not a plain (parent, start, end) tuple"
+        nodes = dict(self._nodes.items())
         chars = 0
         for key, node in nodes.items():
             assert node.targets, f"empty node {key} kept"
@@ -394,12 +436,13 @@ class PrefixIndex:
         rows = sorted(snap["nodes"], key=lambda r: r[3])  # parents (shorter ends) first
         entries = []
         for key, parent, start, end, targets in rows:
-            if parent != _ROOT and parent not in self._nodes:
+            if parent != _ROOT and parent not in self._map:
                 continue
-            node = _Node(parent, start, end, {})
-            self._nodes[key] = node
+            tg = {}
+            self._map[key] = (parent, start, end)
+            self._tg[key] = tg
             for t, ts in targets.items():
-                node.targets[t] = ts
+                tg[t] = ts
                 self._chars += end - start
                 self._chars_by_target[t] = self._chars_by_target.get(t, 0) + end - start
                 entries.append((ts, -end, key, t))
