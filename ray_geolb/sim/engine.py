@@ -289,6 +289,19 @@ class EngineModel:
             heappop(pend)
         return pend[0][0] if pend else None
 
+    def _make_room(self, s, need: int, running, preempted: list) -> bool:
+        """Allocate ``need`` blocks for ``s`` by preempting (recompute) the most recently admitted
+        running requests, as vLLM does; False if ``s`` itself had to go."""
+        while running:
+            victim = running.pop()
+            self._preempt(victim)
+            preempted.append(victim.id)
+            if victim is s:
+                return False
+            if self._alloc(s, need):
+                return True
+        return False
+
     def step(self, now: float) -> StepOutput:
         self._now = now
         pend = self._pending
@@ -320,17 +333,7 @@ class EngineModel:
                 n = budget
             need = (s.num_computed + n + B - 1) // B - s.num_blocks
             if need > 0 and not self._alloc(s, need):
-                ok = False
-                while running:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted.append(victim.id)
-                    if victim is s:
-                        break
-                    if self._alloc(s, need):
-                        ok = True
-                        break
-                if not ok:
+                if not self._make_room(s, need, running, preempted):
                     break
             s.sched = n
             budget -= n
@@ -480,17 +483,7 @@ class EngineModel:
             s = running[i]
             c = s.num_computed + 1
             if c > s.num_blocks * B and not self._alloc(s, 1):
-                ok = False
-                while running:
-                    victim = running.pop()
-                    self._preempt(victim)
-                    preempted.append(victim.id)
-                    if victim is s:
-                        break
-                    if self._alloc(s, 1):
-                        ok = True
-                        break
-                if not ok:
+                if not self._make_room(s, 1, running, preempted):
                     break
             s.num_computed = c
             s.num_tokens = c + 1
