@@ -109,13 +109,15 @@ def _with_seeds(a, fmt):
     return f"{_f(a['mean'], fmt)} ({per})" if len(seeds) > 1 else _f(a["mean"], fmt)
 
 
+def _groups(agg: Dict[tuple, dict], scenario: str) -> List[str]:
+    """The groups of ``scenario`` in first-seen order."""
+    return list(dict.fromkeys(g for (s, g, _sys) in agg if s == scenario))
+
+
 def tables(agg: Dict[tuple, dict], scenarios: List[str]) -> str:
     lines = []
     for sc in scenarios:
-        groups = []
-        for (s, g, _sys) in agg:
-            if s == sc and g not in groups:
-                groups.append(g)
+        groups = _groups(agg, sc)
         for g in groups:
             lines.append(f"\n#### {sc} / {g}\n")
             lines.append("| system | req/s mean (per seed) | TTFT p50 s | TTFT p99 s mean (per seed) | prefix hit | cross-region |")
@@ -139,10 +141,7 @@ def verdict(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
     rows = []
     data = {}
     for sc in scenarios:
-        groups = []
-        for (s, g, _sys) in agg:
-            if s == sc and g not in groups:
-                groups.append(g)
+        groups = _groups(agg, sc)
         for g in groups:
             get = lambda system, k: (agg.get((sc, g, system)) or {}).get(k, {}).get("mean")  # noqa: E731
             seeds_of = lambda system, k: (agg.get((sc, g, system)) or {}).get(k, {}).get("seeds", {})  # noqa: E731
@@ -185,10 +184,7 @@ def plots(agg: Dict[tuple, dict], scenarios: List[str], out: str) -> List[str]:
         return []
     paths = []
     for sc in scenarios:
-        groups = []
-        for (s, g, _sys) in agg:
-            if s == sc and g not in groups:
-                groups.append(g)
+        groups = _groups(agg, sc)
         if not groups:
             continue
         fig, axes = plt.subplots(len(groups), 2, figsize=(14, 3.2 * len(groups)), squeeze=False)
