@@ -25,7 +25,6 @@ fig8 at scale 0.5 and 60 s, fig9 / fig10 at scale 1 and 60 s, ray-blog at 64 pro
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
