@@ -11,7 +11,6 @@ gets a load sweep (30 / 120 / 240 clients) so readers see where, if anywhere, SP
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
