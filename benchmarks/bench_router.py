@@ -34,7 +34,7 @@ import statistics
 import string
 import tempfile
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from types import SimpleNamespace
 
 import ray
