@@ -125,3 +125,19 @@ def test_removed_target_leaves_no_state():
     t.set_targets(["b"])
     assert t.available == {"b"} and t.outstanding("a") == 0
     assert not t.on_complete("r1")
+
+
+def test_seen_margin_keeps_a_just_dispatched_request_unseen():
+    """A report measured right after a dispatch may not include it yet (the request is still on the
+    wire or in the API server): within ``seen_margin_s`` it stays unseen, so its slot is not granted
+    twice. Without the margin the same report would count it as seen."""
+    for margin, unseen, available in ((0.0, 0, True), (0.05, 1, False)):
+        t = LoadTracker("sp-p", seen_margin_s=margin)
+        t.set_targets(["a"])
+        t.on_dispatch("a", "r1", now=1.00)
+        # the engine has not admitted r1 yet: it reports 0 running of 1 slot, 10 ms after the dispatch
+        t.on_stats("a", stats(waiting=0, running=0, ts=1.01, max_num_seqs=1))
+        assert t.unseen("a") == unseen
+        assert t.is_available("a") is available  # margin 0: r1's slot would be granted twice
+    with pytest.raises(ValueError, match="seen_margin_s"):
+        LoadTracker(seen_margin_s=-1)

@@ -114,6 +114,7 @@ class LoadTracker:
         unknown_headroom: int = 1,
         max_burst: int = 32,
         request_tokens: int = 1024,
+        seen_margin_s: float = 0.0,
     ):
         if mode not in AVAILABILITY_MODES:
             raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
@@ -121,6 +122,11 @@ class LoadTracker:
                         ("max_burst", max_burst), ("request_tokens", request_tokens)):
             if not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if not (isinstance(seen_margin_s, (int, float)) and seen_margin_s >= 0):
+            raise ValueError(f"seen_margin_s must be a number >= 0, got {seen_margin_s!r}")
+        #: a request dispatched less than this before a report was measured is not assumed to be
+        #: in it (in a real deployment it may still be in the API server / on the wire)
+        self.seen_margin_s = float(seen_margin_s)
         self.mode = mode
         self.max_outstanding = max_outstanding
         self.unknown_headroom = unknown_headroom
@@ -169,7 +175,7 @@ class LoadTracker:
         if st.stats is not None and stats.timestamp < st.stats.timestamp:
             return  # an older report arrived late: keep the newer one
         st.stats = stats
-        ts = stats.timestamp
+        ts = stats.timestamp - self.seen_margin_s
         n = tok = 0
         for t, k in st.inflight.values():
             if t > ts:
@@ -205,7 +211,7 @@ class LoadTracker:
         self._out[target] = len(st.inflight)
         st.tokens_inflight += tokens
         self._req_target[request_id] = target
-        if st.stats is None or now > st.stats.timestamp:
+        if st.stats is None or now > st.stats.timestamp - self.seen_margin_s:
             st.unseen += 1
             st.unseen_tokens += tokens
         self._refresh(target, st)
@@ -225,7 +231,7 @@ class LoadTracker:
         self._out[target] = len(st.inflight)
         t, tok = entry
         st.tokens_inflight = max(0, st.tokens_inflight - tok)
-        if st.stats is None or t > st.stats.timestamp:
+        if st.stats is None or t > st.stats.timestamp - self.seen_margin_s:
             st.unseen = max(0, st.unseen - 1)
             st.unseen_tokens = max(0, st.unseen_tokens - tok)
         else:

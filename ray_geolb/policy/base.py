@@ -125,6 +125,7 @@ class Policy:
             unknown_headroom=av.unknown_headroom,
             max_burst=av.max_burst,
             request_tokens=av.request_tokens,
+            seen_margin_s=av.seen_margin_s,
         )
         self.rng = random.Random(self.config.seed)
         self.cache_probe = cache_probe

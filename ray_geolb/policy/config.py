@@ -37,6 +37,7 @@ class AvailabilityConfig(_Strict):
     max_outstanding: int = Field(8, ge=1, description="SP-O: cap on router-side in-flight requests per replica")
     unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report has no capacity fields")
     max_burst: int = Field(32, ge=1, description="SP-P: safety cap on requests sent to one replica between two reports")
+    seen_margin_s: float = Field(0.0, ge=0.0, description="SP-P: a request dispatched less than this before a report was measured is not assumed to be counted by it (0 in the simulator, where reports are exact; GeoPrefixRouter defaults it to 0.05 s for the API-server/transport delay)")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when its prompt size is unknown, and the least KV budget a replica must have left to stay available")
 
 

@@ -139,13 +139,14 @@ class GeoPrefixRouter(RequestRouter):
         retry_after_s: float = 1.0,
         error_delivery: str = "wrap",
         decision_log_size: int = DECISION_LOG_SIZE,
+        stats_seen_margin_s: float = 0.05,
         _inject_error_every: int = 0,
         **unknown,
     ):
         if unknown:
             raise ValueError(
                 f"GeoPrefixRouter: unknown request_router_kwargs {sorted(unknown)}; known: policy, region, "
-                "queue_bound, wait_limit_s, retry_after_s, error_delivery, decision_log_size")
+                "queue_bound, wait_limit_s, retry_after_s, error_delivery, decision_log_size, stats_seen_margin_s")
         if queue_bound is not None and (not isinstance(queue_bound, int) or queue_bound < 1):
             raise ValueError(f"GeoPrefixRouter: queue_bound must be a positive int or None, got {queue_bound!r}")
         if wait_limit_s is not None and not (isinstance(wait_limit_s, (int, float)) and wait_limit_s > 0):
@@ -156,6 +157,14 @@ class GeoPrefixRouter(RequestRouter):
             raise ValueError(f"GeoPrefixRouter: region must be a non-empty string or None, got {region!r}")
         self.policy_spec = DEFAULT_POLICY if policy is None else policy
         self.policy = build_policy(self.policy_spec)
+        # Replica reports come from another process: a request dispatched just before a report was
+        # measured may not have reached the engine's scheduler yet, so it must not count as seen by
+        # that report (SP-P would grant its slot twice). Unless the policy config sets it, use the
+        # router's transport margin.
+        if "seen_margin_s" not in self.policy.config.availability.model_fields_set:
+            if not (isinstance(stats_seen_margin_s, (int, float)) and stats_seen_margin_s >= 0):
+                raise ValueError(f"GeoPrefixRouter: stats_seen_margin_s must be >= 0, got {stats_seen_margin_s!r}")
+            self.policy.tracker.seen_margin_s = float(stats_seen_margin_s)
         self.policy_name = self.policy.name
         self.region = region
         self.queue_bound = queue_bound
