@@ -228,33 +228,133 @@ def test_fresh_suffix_nodes_chain_and_share_with_later_prompts():
     idx.check_invariants()
     assert idx.match("aaaabbbbddddeeee") == {"r1": 16, "r2": 16}
     assert idx.chars_of("r1") == 20 and idx.chars_of("r2") == 16
-    # LRU: r1's newest path sits at the end, leaf first
-    assert list(idx._lru)[-4:] == [(k, "r1") for k in reversed(idx.prepare("aaaabbbbddddeeee").keys)]
+    # one run per branch: [aaaa bbbb] {r1, r2} -> [cccc] {r1} and [dddd eeee] {r1, r2}
+    assert idx.num_runs == 3
+    # LRU: the newest record names r1's newest path by its deepest block
+    assert idx._records[-1][1:] == (idx.prepare("aaaabbbbddddeeee").keys[-1], "r1")
 
 
-def test_last_access_reads_the_entry_time():
+def test_last_access_at_reads_the_entry_time():
     idx = PrefixIndex(block_chars=4, growth=0.0)
-    p = idx.insert("aaaabbbb", "r1", now=5.0)
+    idx.insert("aaaabbbb", "r1", now=5.0)
     idx.insert("aaaa", "r2", now=7.0)
-    assert idx.last_access(p.keys[0], "r1") == 5.0 and idx.last_access(p.keys[0], "r2") == 7.0
-    assert idx.last_access(p.keys[1], "r1") == 5.0 and idx.last_access(p.keys[1], "r2") is None
-    assert idx.last_access(12345, "r1") is None
+    assert idx.last_access_at("aaaabbbb", 4, "r1") == 5.0 and idx.last_access_at("aaaabbbb", 4, "r2") == 7.0
+    assert idx.last_access_at("aaaabbbb", 8, "r1") == 5.0 and idx.last_access_at("aaaabbbb", 8, "r2") is None
+    assert idx.last_access_at("aaaacccc", 8, "r1") is None  # that prefix was never sent
+    assert idx.last_access_at("aaaabbbb", 6, "r1") is None  # not a block boundary
+    assert idx.last_access_at("aaaabbbb", 12, "r1") is None  # beyond the text
 
 
 def test_nodes_hold_no_gc_tracked_objects():
-    """A big index must not make every full GC pass walk its nodes: a node is a plain tuple of ints
-    plus a dict of atomic keys and floats, both of which CPython's collector untracks; the
-    ``_nodes`` view still reads them as (parent, start, end, targets)."""
+    """A big index must not make every full GC pass walk its nodes: a run is a plain tuple of ints
+    (and a tuple of ints), its targets a dict of atomic keys and floats, an LRU record a tuple of
+    atoms -- all of which CPython's collector untracks; the ``_nodes`` view still reads every block
+    as (parent, start, end, targets)."""
     import gc
     import platform
 
     idx = PrefixIndex(block_chars=4, growth=0.0)
     p = idx.insert("aaaabbbbcccc", "r1", now=1.0)
+    idx.insert("aaaabbbbdddd", "r2", now=2.0)
+    gc.collect()
     gc.collect()
     if platform.python_implementation() == "CPython":
-        for k in p.keys:
-            assert not gc.is_tracked(idx._map[k]) and not gc.is_tracked(idx._tg[k])
+        for h in idx._runs:
+            assert not gc.is_tracked(idx._runs[h]) and not gc.is_tracked(idx._tg[h])
+        assert not any(gc.is_tracked(r) for r in idx._records)
     node = idx._nodes.get(p.keys[1])
-    assert (node.parent, node.start, node.end, node.targets) == (p.keys[0], 4, 8, {"r1": 1.0})
-    assert idx._nodes.get(123) is None and p.keys[2] in idx._nodes and len(idx._nodes) == 3
+    assert (node.parent, node.start, node.end, node.targets) == (p.keys[0], 4, 8, {"r1": 1.0, "r2": 2.0})
+    assert idx._nodes.get(123) is None and p.keys[2] in idx._nodes and len(idx._nodes) == 4
     idx.check_invariants()
+
+
+def test_a_new_tail_is_one_run_and_splits_where_a_later_prompt_leaves_it():
+    idx = PrefixIndex(block_chars=4, growth=0.0)
+    idx.insert("aaaabbbbccccddddeeee", "r1")
+    assert (idx.num_runs, idx.num_nodes, idx.num_entries) == (1, 5, 5)
+    idx.insert("aaaabbbbcccc", "r2")  # ends inside the run: split after block 3
+    assert (idx.num_runs, idx.num_nodes, idx.num_entries) == (2, 5, 8)
+    idx.insert("aaaabbbbzzzz", "r3")  # diverges inside the first part: split after block 2 + new run
+    assert (idx.num_runs, idx.num_nodes, idx.num_entries) == (4, 6, 11)
+    assert idx.match("aaaabbbbccccddddeeeeffff") == {"r1": 20, "r2": 12, "r3": 8}
+    assert idx.match("aaaabbbbcccc", available={"r3"}) == {"r3": 8}
+    idx.check_invariants()
+    assert idx.remove_target("r1") == 5
+    idx.check_invariants()
+    assert idx.match("aaaabbbbccccddddeeee") == {"r2": 12, "r3": 8}
+
+
+def test_lru_records_stay_bounded_without_evictions():
+    """One record per insert, but stale ones are compacted away: repeating the same few prompts
+    forever must not grow memory."""
+    idx = PrefixIndex(block_chars=4, growth=0.0, max_nodes=None, max_entries=None)
+    for i in range(20_000):
+        idx.insert(f"prompt-{i % 7:03d}-" * 4, f"r{i % 3}", now=float(i))
+    assert idx.evictions == 0
+    assert len(idx._records) <= 2 * idx.num_entries + 256
+    idx.check_invariants()
+
+
+def _ref_ends(n, block_chars, growth):
+    ends, end = [], 0
+    while True:
+        end += max(block_chars, int(end * growth))
+        if end > n:
+            return ends
+        ends.append(end)
+
+
+class _RefLRU:
+    """Reference model: one (block prefix, target) entry per block, exact LRU by (time, -depth),
+    evicted one entry at a time; a block counts as a node while any target holds it."""
+
+    def __init__(self, block_chars, growth, max_nodes, max_entries, max_chars):
+        self.g = (block_chars, growth)
+        self.max = (max_nodes, max_entries, max_chars)
+        self.e = {}  # (prefix bytes, target) -> time
+
+    def _over(self):
+        nodes = len({p for p, _ in self.e})
+        chars = sum(len(p) - max((e for e in _ref_ends(len(p), *self.g) if e < len(p)), default=0)
+                    for p, _ in self.e)
+        mn, me, mc = self.max
+        return (mn is not None and nodes > mn) or (me is not None and len(self.e) > me) or (
+            mc is not None and chars > mc)
+
+    def insert(self, b, t, now):
+        for end in _ref_ends(len(b), *self.g):
+            self.e[(b[:end], t)] = now
+        while self._over():
+            k = min(self.e, key=lambda pt: (self.e[pt], -len(pt[0])))
+            del self.e[k]
+
+    def match(self, b):
+        out = {}
+        for t in {t for _, t in self.e}:
+            n = 0
+            for end in _ref_ends(len(b), *self.g):
+                if (b[:end], t) not in self.e:
+                    break
+                n = end
+            if n:
+                out[t] = n
+        return out
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ops=ops, queries=st.lists(texts, min_size=1, max_size=8),
+       budget=st.sampled_from([("n", 6), ("n", 15), ("e", 10), ("e", 30), ("c", 20), ("c", 60), ("none", 0)]),
+       growth=st.sampled_from([0.0, 0.5]))
+def test_property_runs_evict_exactly_like_a_per_entry_lru(ops, queries, budget, growth):
+    kind, b = budget
+    kw = {"max_nodes": b if kind == "n" else None, "max_entries": b if kind == "e" else None,
+          "max_chars": b if kind == "c" else None}
+    idx = PrefixIndex(block_chars=3, growth=growth, **kw)
+    ref = _RefLRU(3, growth, kw["max_nodes"], kw["max_entries"], kw["max_chars"])
+    for i, (text, target) in enumerate(ops):
+        idx.insert(text, target, now=float(i))
+        ref.insert(text.encode(), target, float(i))
+        idx.check_invariants()
+        assert idx.num_entries == len(ref.e)
+    for q in queries + [t for t, _ in ops]:
+        assert idx.match(q) == ref.match(q.encode())

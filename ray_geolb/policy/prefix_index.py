@@ -2,21 +2,31 @@
 
 A target is a local replica (the replica trie) or a peer region (the regional snapshot).
 
-Representation: chained block hashes over the UTF-8 bytes of the canonical text. Block *i* covers
+Blocks and keys: chained block hashes over the UTF-8 bytes of the canonical text. Block *i* covers
 bytes ``[end(i-1), end(i))``; its key is the CRC-32 of the whole prefix ``[0, end(i))`` (computed
-incrementally, one C call per block) packed with ``end(i)``. Nodes live in one flat dict, so
-matching is one dict lookup per block, and no prompt text is stored at all unless
-``store_text=True``. Block sizes grow geometrically with the offset (``block_chars`` at the start,
-then ``growth`` × offset), so a 128k-character prompt is ~55 blocks instead of 2,000, and a matched
-length is exact to within ``growth`` of itself (the index is approximate by design: it records what
-the load balancer *sent*, not what the engine still caches).
+incrementally, one C call per block) packed with ``end(i)``. Block sizes grow geometrically with the
+offset (``block_chars`` at the start, then ``growth`` × offset), so a 128k-character prompt is ~55
+blocks instead of 2,000, and a matched length is exact to within ``growth`` of itself. No prompt
+text is stored unless ``store_text=True``. The index is approximate by design: it records what the
+load balancer *sent*, not what the engine still caches.
 
-Each node keeps ``{target: last_access_time}``. Invariant: a child's targets ⊆ its parent's.
-Memory: one global budget (``max_nodes`` and/or ``max_chars``, where chars = Σ block length ×
-number of targets holding the block), enforced on every insert by LRU eviction of
-(node, target) entries. The LRU order is kept so that the oldest entry is always a leaf for its
-target (each insert touches its path from the leaf up to the root), so eviction never breaks the
-subset invariant, and a node whose last target goes is freed.
+Tree: a radix tree over block keys. A node is a *run* of consecutive blocks that every target
+holding any of them holds entirely (``{target: last access}`` per run); a new prompt tail is one
+run however many blocks it spans, and a run is split only where a later prompt diverges from it or
+ends inside it. Matching and inserting therefore touch one node per *distinct branch point* on the
+path (typically 1–3), not one per block: in the Ray router the per-block dictionaries were most of
+the decision time, because every block was a cold-cache miss. Within a run, the first diverging
+block is found by binary search (a chained key, once different, stays different). Invariant: a
+child's targets ⊆ its parent's.
+
+Memory: one global budget (``max_nodes`` blocks, ``max_entries`` (block, target) entries and/or
+``max_chars`` = Σ block length × targets holding it), enforced on every insert by exact LRU
+eviction of (block, target) entries, deepest first. LRU without per-entry bookkeeping: each insert
+appends one record ``(time, deepest block, target)``; access times are strictly increasing, so the
+oldest record names the least recently used path, and its entries are exactly the blocks on that
+path (walking up from its deepest block) whose time for the target still equals the record's (a
+later insert through them refreshed them and owns them now). Stale records are skipped or
+compacted away (at most one live record per entry).
 
 Lengths reported by :meth:`PrefixIndex.match` are in bytes of UTF-8 canonical text (characters,
 for ASCII text).
@@ -24,19 +34,18 @@ for ASCII text).
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
-from bisect import bisect_right
-from collections import OrderedDict
-from collections import deque as _consume
-from itertools import compress, repeat
-from operator import contains, itemgetter, not_
+from bisect import bisect_left, bisect_right
+from collections import deque
 from typing import Callable, Dict, Hashable, Iterable, List, NamedTuple, Optional
 
 __all__ = ["PreparedText", "PrefixIndex"]
 
 _crc32 = zlib.crc32
-_ROOT = -1  # parent key of first-level nodes
+_ROOT = -1  # parent key of first-level runs
+_INF = math.inf
 
 
 class PreparedText:
@@ -44,7 +53,7 @@ class PreparedText:
 
     __slots__ = ("keys", "ends", "length", "_data")
 
-    def __init__(self, keys: List[int], ends: List[int], length: int, data: Optional[bytes]):
+    def __init__(self, keys: tuple, ends: List[int], length: int, data: Optional[bytes]):
         self.keys = keys
         self.ends = ends
         self.length = length
@@ -52,14 +61,7 @@ class PreparedText:
 
 
 class _Node(NamedTuple):
-    """A read-only *view* of one block of a prompt path (what ``PrefixIndex._nodes.get`` returns).
-
-    The index stores a node as two entries: ``_map[key] = (parent, start, end)``, a plain tuple of
-    ints, and ``_tg[key] = {target: last access}``, a dict of atomic keys and floats. CPython's
-    cyclic GC untracks both, so a big index adds nothing to what every full collection walks (a
-    node object, or a tuple holding a dict, would stay tracked forever: in the Ray router GC was
-    most of the CPU p99).
-    """
+    """A read-only view of one *block* (introspection: :attr:`PrefixIndex._nodes`)."""
 
     parent: int
     start: int
@@ -67,37 +69,21 @@ class _Node(NamedTuple):
     targets: Dict[Hashable, float]
 
 
-class _NodesView:
-    """``index._nodes``: ``get``/``[]``/``in``/``len``/``items`` over the nodes, as :class:`_Node`."""
-
-    __slots__ = ("_m", "_t")
-
-    def __init__(self, m, t):
-        self._m, self._t = m, t
-
-    def get(self, key, default=None):
-        v = self._m.get(key)
-        return default if v is None else _Node(v[0], v[1], v[2], self._t[key])
-
-    def __getitem__(self, key):
-        v = self._m[key]
-        return _Node(v[0], v[1], v[2], self._t[key])
-
-    def __contains__(self, key):
-        return key in self._m
-
-    def __len__(self):
-        return len(self._m)
-
-    def items(self):
-        t = self._t
-        return ((k, _Node(v[0], v[1], v[2], t[k])) for k, v in self._m.items())
-
-_parent_of = itemgetter(0)
+def _common(keys: tuple, i: int, rk: tuple) -> int:
+    """How many leading blocks of run ``rk`` equal ``keys[i:]`` (``rk[0] == keys[i]`` is known).
+    Chained keys: once a block differs every later one does, so binary search is exact."""
+    lo, hi = 1, min(len(rk), len(keys) - i)
+    while lo < hi:
+        mid = (lo + hi + 1) >> 1
+        if keys[i + mid - 1] == rk[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class PrefixIndex:
-    """Global-budget, LRU-evicting approximate prefix index over targets."""
+    """Global-budget, LRU-evicting approximate prefix index over targets (a radix tree of block runs)."""
 
     def __init__(
         self,
@@ -126,13 +112,20 @@ class PrefixIndex:
         self.max_entries = max_entries
         self.store_text = store_text
         self._clock = clock
-        self._map: Dict[int, tuple] = {}  # key -> (parent key, start, end)
-        self._tg: Dict[int, Dict[Hashable, float]] = {}  # key -> {target: last access}
-        self._text: Dict[int, bytes] = {}  # raw block text, only with store_text
-        self._lru: "OrderedDict[tuple, None]" = OrderedDict()
+        # head key -> (parent run's tail key or _ROOT, index of the first block, block keys):
+        # a plain tuple of ints, which CPython's cyclic GC untracks (so does it the target dicts).
+        self._runs: Dict[int, tuple] = {}
+        self._tg: Dict[int, Dict[Hashable, float]] = {}  # head key -> {target: last access}
+        self._tail: Dict[int, int] = {}  # tail key (last block) -> head key
+        self._text: Dict[int, bytes] = {}  # block key -> raw block text, only with store_text
+        self._records: deque = deque()  # (access time, deepest block key, target), oldest first
+        self._last_ts = -_INF
+        self._blocks = 0
+        self._entries = 0
         self._chars = 0
         self._chars_by_target: Dict[Hashable, int] = {}
         self._bounds: List[int] = []
+        self._slices: List[slice] = []
         self._extend_bounds(1 << 16)
         self.evictions = 0
 
@@ -142,8 +135,15 @@ class PrefixIndex:
         end = b[-1] if b else 0
         step_min, g = self.block_chars, self.growth
         while end < upto:
-            end += max(step_min, int(end * g))
-            b.append(end)
+            nxt = end + max(step_min, int(end * g))
+            self._slices.append(slice(end, nxt))
+            b.append(nxt)
+            end = nxt
+
+    def _span(self, i0: int, k: int) -> int:
+        """Bytes covered by blocks ``i0 .. i0+k-1``."""
+        b = self._bounds
+        return b[i0 + k - 1] - (b[i0 - 1] if i0 else 0)
 
     def prepare(self, text) -> PreparedText:
         """Hash ``text`` (str, bytes or an existing PreparedText) into block keys."""
@@ -164,36 +164,41 @@ class PrefixIndex:
         append = keys.append
         mv = memoryview(data)
         crc = 0
-        start = 0
-        for end in ends:
-            crc = _crc32(mv[start:end], crc)
+        for sl, end in zip(self._slices, ends):
+            crc = _crc32(mv[sl], crc)
             append((crc << 32) | end)
-            start = end
-        return PreparedText(keys, ends, n, data if self.store_text else None)
+        return PreparedText(tuple(keys), ends, n, data if self.store_text else None)
 
     # ------------------------------------------------------------------ queries
     def match(self, text, available: Optional[Iterable[Hashable]] = None) -> Dict[Hashable, int]:
         """Matched prefix length (bytes) per target; only targets in ``available`` (all if None).
 
-        Walks the prompt's blocks and stops as soon as no available target remains on the path
+        Walks the prompt's runs and stops as soon as no available target remains on the path
         (children hold a subset of their parent's targets, so none can appear deeper).
         Targets with no match at all are absent from the result.
         """
         p = self.prepare(text)
-        nodes = self._map
+        keys = p.keys
+        n = len(keys)
+        runs = self._runs
         tgs = self._tg
+        ends = p.ends
         avail = None if available is None else (available if isinstance(available, (set, frozenset)) else set(available))
         result: Dict[Hashable, int] = {}
         alive = None
         alive_n = 0
         prev = _ROOT
         last_end = 0
-        ends = p.ends
-        for i, key in enumerate(p.keys):
-            node = nodes.get(key)
+        i = 0
+        while i < n:
+            h = keys[i]
+            node = runs.get(h)
             if node is None or node[0] != prev:
                 break
-            tg = tgs[key]
+            rk = node[2]
+            L = len(rk)
+            m = L if keys[i:i + L] == rk else _common(keys, i, rk)
+            tg = tgs[h]
             if alive is None:
                 alive = set(tg) if avail is None else (tg.keys() & avail)
             elif len(tg) < alive_n:
@@ -206,8 +211,11 @@ class PrefixIndex:
             alive_n = len(tg)
             if not alive:
                 break
-            last_end = ends[i]
-            prev = key
+            last_end = ends[i + m - 1]
+            if m < L:
+                break
+            prev = rk[-1]
+            i += L
         if alive:
             for t in alive:
                 result[t] = last_end
@@ -221,111 +229,194 @@ class PrefixIndex:
         best = max(m.values())
         return [t for t, v in m.items() if v == best], best
 
+    def last_access_at(self, text, length: int, target: Hashable) -> Optional[float]:
+        """When ``target`` was last sent the prefix of ``text`` that ends at byte ``length`` (a
+        block boundary, e.g. a length :meth:`match` returned); None if the index does not hold it."""
+        p = self.prepare(text)
+        ends = p.ends
+        b = bisect_left(ends, length)
+        if b >= len(ends) or ends[b] != length:
+            return None
+        keys = p.keys
+        runs = self._runs
+        prev = _ROOT
+        i = 0
+        while i <= b:
+            h = keys[i]
+            node = runs.get(h)
+            if node is None or node[0] != prev:
+                return None
+            rk = node[2]
+            L = len(rk)
+            if b < i + L:
+                if keys[b] != rk[b - i]:
+                    return None
+                return self._tg[h].get(target)
+            if keys[i:i + L] != rk:
+                return None
+            prev = rk[-1]
+            i += L
+        return None
+
     # ------------------------------------------------------------------ updates
     def insert(self, text, target: Hashable, now: Optional[float] = None) -> PreparedText:
         """Record that ``text`` was routed to ``target``; evicts LRU entries to stay in budget."""
         p = self.prepare(text)
+        keys = p.keys
+        n = len(keys)
+        if not n:
+            return p
         if now is None:
             now = self._clock()
-        nodes = self._map
-        get = nodes.get
-        keys = p.keys
-        ends = p.ends
-        n = len(keys)
+        if now <= self._last_ts:  # access times must be strictly increasing (they order the LRU)
+            now = math.nextafter(self._last_ts, _INF)
+        self._last_ts = now
+        runs = self._runs
+        tgs = self._tg
         prev = _ROOT
-        start = 0
-        added = 0
-        fresh = ()  # path positions whose (node, target) entry is new, existing nodes only
-        # 1) the part of the path that exists already (bulk lookups in C)
-        found = list(map(get, keys))
-        try:
-            i = found.index(None)
-        except ValueError:
-            i = n
-        if i:
-            exist = found[:i] if i < n else found
-            parents = list(map(_parent_of, exist))
-            if parents[0] != _ROOT or parents[1:] != keys[:i - 1]:
-                # a CRC collision with another path: stop right before it, never corrupt the tree
-                m = 0
-                expect = _ROOT
-                while m < i and parents[m] == expect:
-                    expect = keys[m]
-                    m += 1
-                n = i = m
-                exist = exist[:m]
-        if i:
-            tgs = list(map(self._tg.__getitem__, keys[:i]))
-            have = list(map(contains, tgs, repeat(target, i)))
-            if not all(have):
-                fresh = list(compress(range(i), map(not_, have)))
-                for k in fresh:
-                    added += ends[k] - (ends[k - 1] if k else 0)
-            for tg in tgs:
-                tg[target] = now
-            prev = keys[i - 1]
-            start = ends[i - 1]
-        j = i  # 2) new nodes for keys[j:n] (a new node's descendants cannot exist: their keys
-        #          chain through it -- unless a CRC collides, checked in C below)
-        if j < n:
-            new_keys = keys[j:n]
-            if not nodes.keys().isdisjoint(new_keys):
-                m = j
-                while m < n and keys[m] not in nodes:
-                    m += 1
-                n = m
-                new_keys = keys[j:n]
-            k = n - j
-            if k:
-                new_ends = ends[j:n]
-                parents = [prev]
-                parents += keys[j:n - 1]
-                starts = [start]
-                starts += ends[j:n - 1]
-                nodes.update(zip(new_keys, zip(parents, starts, new_ends)))
-                self._tg.update(zip(new_keys, [{target: now} for _ in repeat(None, k)]))
-                added += new_ends[-1] - start
+        i = 0
+        added_chars = 0
+        added_entries = 0
+        # 1) the runs that exist already (splitting the last one where the prompt leaves it)
+        while i < n:
+            h = keys[i]
+            node = runs.get(h)
+            if node is None:
+                break
+            if node[0] != prev:  # a CRC collision with another path: stop here, never corrupt the tree
+                n = i
+                break
+            rk = node[2]
+            L = len(rk)
+            if keys[i:i + L] == rk:
+                m = L
+            else:
+                m = _common(keys, i, rk)
+                if not self._split(h, node, m):
+                    n = i
+                    break
+            tg = tgs[h]
+            if target not in tg:
+                added_entries += m
+                added_chars += self._span(i, m)
+            tg[target] = now
+            prev = keys[i + m - 1]
+            i += m
+            if m < L:
+                break
+        # 2) one new run for the rest of the prompt
+        if i < n:
+            h = keys[i]
+            if h in runs or keys[n - 1] in self._tail:  # CRC collision: leave the rest out
+                n = i
+            else:
+                k = n - i
+                runs[h] = (prev, i, keys[i:n])
+                tgs[h] = {target: now}
+                self._tail[keys[n - 1]] = h
+                self._blocks += k
+                added_entries += k
+                added_chars += self._span(i, k)
                 if self.store_text and p._data is not None:
                     data = p._data
-                    self._text.update(zip(new_keys, map(data.__getitem__, map(slice, starts, new_ends))))
-        if added:
-            self._chars += added
-            self._chars_by_target[target] = self._chars_by_target.get(target, 0) + added
-        # Touch leaf first, root last: a child's entry always sits before its parent's in the
-        # LRU order, so the front of the order is always a leaf for its target.
-        lru = self._lru
-        if n > j:
-            lru.update(zip(zip(reversed(keys[j:n]), repeat(target)), repeat(None)))
-        if j:
-            if fresh:
-                lru.update(zip(zip(map(keys.__getitem__, fresh), repeat(target)), repeat(None)))
-            # every entry of the existing part to the end, deepest first (fresh ones included)
-            _consume(map(lru.move_to_end, zip(reversed(keys[:j]), repeat(target))), maxlen=0)
+                    self._text.update(zip(keys[i:n], map(data.__getitem__, self._slices[i:n])))
+                prev = keys[n - 1]
+        if prev == _ROOT:
+            return p
+        self._records.append((now, prev, target))
+        if added_entries:
+            self._entries += added_entries
+            self._chars += added_chars
+            self._chars_by_target[target] = self._chars_by_target.get(target, 0) + added_chars
+        if len(self._records) > 2 * self._entries + 256:
+            self._compact_records()
         if self._over_budget():
             self._enforce_budget()
         return p
 
+    def _split(self, h: int, node: tuple, m: int) -> bool:
+        """Cut run ``h`` after its first ``m`` blocks; the front keeps the head key, the back (which
+        keeps the tail, so children and records still point at it) gets a copy of the targets."""
+        parent, i0, rk = node
+        back, front_tail = rk[m], rk[m - 1]
+        if back in self._runs or front_tail in self._tail:
+            return False  # CRC collision with another run: refuse rather than corrupt
+        tg = self._tg[h]
+        self._runs[h] = (parent, i0, rk[:m])
+        self._runs[back] = (front_tail, i0 + m, rk[m:])
+        self._tg[back] = tg
+        self._tg[h] = dict(tg)
+        self._tail[front_tail] = h
+        self._tail[rk[-1]] = back
+        return True
+
+    def _compact_records(self) -> None:
+        tails, tgs = self._tail, self._tg
+        live = deque()
+        for r in self._records:
+            h = tails.get(r[1])
+            if h is not None and tgs[h].get(r[2]) == r[0]:
+                live.append(r)
+        self._records = live
+
     def _over_budget(self) -> bool:
-        return (self.max_nodes is not None and len(self._map) > self.max_nodes) or (
-            self.max_entries is not None and len(self._lru) > self.max_entries) or (
+        return (self.max_nodes is not None and self._blocks > self.max_nodes) or (
+            self.max_entries is not None and self._entries > self.max_entries) or (
             self.max_chars is not None and self._chars > self.max_chars
         )
 
-    def _enforce_budget(self) -> None:
-        if not self._over_budget():
-            return
-        lru = self._lru
-        nodes = self._map
-        while lru and self._over_budget():
-            (key, target), _ = lru.popitem(last=False)
-            self._drop_entry(nodes, key, target)
-            self.evictions += 1
+    def _blocks_to_drop(self, i0: int, L: int, sole: bool) -> int:
+        """How many of a run's deepest blocks must lose one target to get back within budget."""
+        k = 1
+        if self.max_entries is not None:
+            k = max(k, self._entries - self.max_entries)
+        if self.max_nodes is not None and self._blocks > self.max_nodes:
+            k = max(k, self._blocks - self.max_nodes) if sole else L  # shared blocks free no node
+        if self.max_chars is not None and self._chars > self.max_chars:
+            over = self._chars - self.max_chars
+            b = self._bounds
+            j = i0 + L - 1
+            c = 0
+            kc = 0
+            while j >= i0 and c < over:
+                c += b[j] - (b[j - 1] if j else 0)
+                kc += 1
+                j -= 1
+            k = max(k, kc)
+        return min(k, L)
 
-    def _drop_entry(self, nodes: Dict[int, tuple], key: int, target: Hashable) -> None:
-        node = nodes[key]
-        tg = self._tg[key]
+    def _enforce_budget(self) -> None:
+        recs = self._records
+        tails, tgs, runs = self._tail, self._tg, self._runs
+        while recs and self._over_budget():
+            ts, tk, t = recs[0]
+            h = tails.get(tk)
+            if h is None or tgs[h].get(t) != ts:
+                recs.popleft()  # refreshed by a later insert (or removed): nothing of it is the oldest
+                continue
+            node = runs[h]
+            parent, i0, rk = node
+            L = len(rk)
+            k = self._blocks_to_drop(i0, L, len(tgs[h]) == 1)
+            if k < L and self._split(h, node, L - k):
+                self._drop_run_entry(rk[L - k], t)
+                recs[0] = (ts, rk[L - k - 1], t)
+            else:
+                k = L
+                self._drop_run_entry(h, t)
+                if parent == _ROOT:
+                    recs.popleft()
+                else:
+                    recs[0] = (ts, parent, t)
+            self.evictions += k
+
+    def _drop_run_entry(self, h: int, target: Hashable) -> None:
+        parent, i0, rk = self._runs[h]
+        tg = self._tg[h]
         del tg[target]
-        size = node[2] - node[1]
+        L = len(rk)
+        size = self._span(i0, L)
+        self._entries -= L
         self._chars -= size
         left = self._chars_by_target[target] - size
         if left:
@@ -334,53 +425,68 @@ class PrefixIndex:
             del self._chars_by_target[target]
         if not tg:
             # Its children hold a subset of nothing: they are gone already.
-            del nodes[key]
-            del self._tg[key]
+            del self._runs[h]
+            del self._tg[h]
+            del self._tail[rk[-1]]
+            self._blocks -= L
             if self._text:
-                self._text.pop(key, None)
+                for key in rk:
+                    self._text.pop(key, None)
 
     def remove_target(self, target: Hashable) -> int:
         """Forget a target everywhere (a replica or region went away). Returns entries removed."""
-        keys = [k for (k, t) in self._lru if t == target]
-        # Deepest first so nodes emptied bottom-up keep the parent links consistent.
-        keys.sort(key=lambda k: self._map[k][2], reverse=True)
-        for k in keys:
-            del self._lru[(k, target)]
-            self._drop_entry(self._map, k, target)
-        return len(keys)
+        runs = self._runs
+        heads = [h for h, tg in self._tg.items() if target in tg]
+        # Deepest first, so runs emptied bottom-up keep the parent links consistent.
+        heads.sort(key=lambda h: runs[h][1] + len(runs[h][2]), reverse=True)
+        count = 0
+        for h in heads:
+            count += len(runs[h][2])
+            self._drop_run_entry(h, target)
+        return count
 
     def clear(self) -> None:
-        self._map.clear()
+        self._runs.clear()
         self._tg.clear()
+        self._tail.clear()
         self._text.clear()
-        self._lru.clear()
-        self._chars = 0
+        self._records.clear()
+        self._blocks = self._entries = self._chars = 0
         self._chars_by_target.clear()
 
     # ------------------------------------------------------------------ introspection
     @property
     def num_nodes(self) -> int:
-        return len(self._map)
+        """Blocks held (a run of k blocks counts k)."""
+        return self._blocks
+
+    @property
+    def num_runs(self) -> int:
+        """Tree nodes (runs of blocks)."""
+        return len(self._runs)
 
     @property
     def num_entries(self) -> int:
-        return len(self._lru)
+        """(block, target) entries."""
+        return self._entries
 
     @property
     def stored_chars(self) -> int:
         return self._chars
 
-    def last_access(self, key: int, target: Hashable) -> Optional[float]:
-        """When ``target`` was last sent the prefix ending at block ``key`` (a
-        :attr:`PreparedText.keys` entry); None if the index does not hold that entry.
-        Use this rather than reading ``_nodes`` (its node representation may change)."""
-        tg = self._tg.get(key)
-        return None if tg is None else tg.get(target)
+    def _block_rows(self):
+        """(key, parent key, start, end, targets) for every block, parents before children."""
+        b = self._bounds
+        for h, (parent, i0, rk) in sorted(self._runs.items(), key=lambda kv: kv[1][1]):
+            tg = self._tg[h]
+            for j, key in enumerate(rk):
+                i = i0 + j
+                yield key, parent if j == 0 else rk[j - 1], (b[i - 1] if i else 0), b[i], tg
 
     @property
-    def _nodes(self) -> _NodesView:
-        """Read-only view of the nodes as :class:`_Node` (introspection; prefer :meth:`last_access`)."""
-        return _NodesView(self._map, self._tg)
+    def _nodes(self) -> Dict[int, _Node]:
+        """Every block as a :class:`_Node` (introspection and tests; O(blocks) to build)."""
+        return {k: _Node(parent, s, e, tg) for k, parent, s, e, tg in self._block_rows()}
 
     def chars_of(self, target: Hashable) -> int:
         """How much text (Σ block lengths) the index attributes to ``target`` (its 'tree size')."""
@@ -390,28 +496,49 @@ class PrefixIndex:
         return list(self._chars_by_target)
 
     def check_invariants(self) -> None:
-        """Raise AssertionError if the subset invariant or the accounting is broken (for tests)."""
-        assert self._tg.keys() == self._map.keys(), "node map and target map disagree"
-        for key, v in self._map.items():
-            assert type(v) is tuple and len(v) == 3, f"node {key} is not a plain (parent, start, end) tuple"
-        nodes = dict(self._nodes.items())
-        chars = 0
-        for key, node in nodes.items():
-            assert node.targets, f"empty node {key} kept"
-            assert node.end == key & 0xFFFFFFFF and node.start < node.end, f"bad block bounds at {key}"
-            chars += (node.end - node.start) * len(node.targets)
-            if node.parent != _ROOT:
-                parent = nodes.get(node.parent)
-                assert parent is not None, f"orphan node {key}"
-                assert parent.end == node.start, f"block {key} does not start where its parent ends"
-                assert node.targets.keys() <= parent.targets.keys(), f"subset invariant broken at {key}"
+        """Raise AssertionError if the tree, the subset invariant, the LRU records or the accounting
+        are broken (for tests)."""
+        runs, tgs, tails = self._runs, self._tg, self._tail
+        assert tgs.keys() == runs.keys(), "run map and target map disagree"
+        assert len(tails) == len(runs), "tail map and run map disagree"
+        blocks = entries = chars = 0
+        by_target: Dict[Hashable, int] = {}
+        for h, node in runs.items():
+            assert type(node) is tuple and len(node) == 3, f"run {h} is not a plain (parent, first, keys) tuple"
+            parent, i0, rk = node
+            assert rk and rk[0] == h, f"run {h} does not start with its head key"
+            assert tails.get(rk[-1]) == h, f"run {h} is not found by its tail key"
+            tg = tgs[h]
+            assert tg, f"empty run {h} kept"
+            for j, key in enumerate(rk):
+                assert key & 0xFFFFFFFF == self._bounds[i0 + j], f"block {key} is not at block boundary {i0 + j}"
+            size = self._span(i0, len(rk))
+            blocks += len(rk)
+            entries += len(rk) * len(tg)
+            chars += size * len(tg)
+            for t in tg:
+                by_target[t] = by_target.get(t, 0) + size
+            if parent == _ROOT:
+                assert i0 == 0, f"first-level run {h} does not start at block 0"
             else:
-                assert node.start == 0, f"first-level block {key} does not start at 0"
-        assert set(self._text) <= set(nodes), "text kept for a freed node"
-        for (key, t) in self._lru:
-            assert t in nodes[key].targets, f"LRU entry {(key, t)} has no node entry"
-        assert chars == self._chars, (chars, self._chars)
-        assert len(self._lru) == sum(len(n.targets) for n in nodes.values())
+                ph = tails.get(parent)
+                assert ph is not None, f"orphan run {h}"
+                pi0, prk = runs[ph][1], runs[ph][2]
+                assert pi0 + len(prk) == i0, f"run {h} does not start where its parent ends"
+                assert tg.keys() <= tgs[ph].keys(), f"subset invariant broken at {h}"
+                assert all(tg[t] <= tgs[ph][t] for t in tg), f"child {h} accessed after its parent"
+        assert (blocks, entries, chars) == (self._blocks, self._entries, self._chars), (
+            (blocks, entries, chars), (self._blocks, self._entries, self._chars))
+        assert by_target == self._chars_by_target, "per-target accounting is off"
+        assert set(self._text) <= {k for (_, _, rk) in runs.values() for k in rk}, "text kept for a freed block"
+        live = set()
+        for ts, tk, t in self._records:
+            h = tails.get(tk)
+            if h is not None and tgs[h].get(t) == ts:
+                live.add((ts, t))
+        for h, tg in tgs.items():
+            for t, ts in tg.items():
+                assert (ts, t) in live, f"entry ({h}, {t!r}) has no LRU record: it could never be evicted"
         assert not self._over_budget(), "memory budget exceeded"
 
     def stored_text_blocks(self) -> List[bytes]:
@@ -419,34 +546,51 @@ class PrefixIndex:
         return list(self._text.values())
 
     def snapshot(self) -> dict:
-        """A compact, JSON-able copy (hashes only) to mirror into the registry."""
+        """A compact, JSON-able copy (hashes only, one row per block) to mirror into the registry."""
         return {
             "geometry": [self.block_chars, self.growth],
-            "nodes": [
-                [k, n.parent, n.start, n.end, {str(t): ts for t, ts in n.targets.items()}]
-                for k, n in self._nodes.items()
-            ],
+            "nodes": [[k, parent, s, e, {str(t): ts for t, ts in tg.items()}]
+                      for k, parent, s, e, tg in self._block_rows()],
         }
 
     def load_snapshot(self, snap: dict) -> None:
-        """Rebuild from :meth:`snapshot` (targets come back as strings)."""
+        """Rebuild from :meth:`snapshot` (targets come back as strings; one run per block)."""
         if list(snap.get("geometry", [])) != [self.block_chars, self.growth]:
             raise ValueError("snapshot was taken with a different block geometry")
         self.clear()
         rows = sorted(snap["nodes"], key=lambda r: r[3])  # parents (shorter ends) first
+        if rows and rows[-1][3] > self._bounds[-1]:
+            self._extend_bounds(rows[-1][3])
+        b = self._bounds
         entries = []
         for key, parent, start, end, targets in rows:
-            if parent != _ROOT and parent not in self._map:
+            i = bisect_left(b, end)
+            if i >= len(b) or b[i] != end or start != (b[i - 1] if i else 0) or not targets:
+                continue  # not a block of this geometry
+            if parent == _ROOT:
+                if i != 0:
+                    continue
+            else:
+                ph = self._tail.get(parent)
+                if ph is None or self._runs[ph][1] + len(self._runs[ph][2]) != i:
+                    continue
+                targets = {t: ts for t, ts in targets.items() if t in self._tg[ph]}
+                if not targets:
+                    continue
+            if key in self._runs or key in self._tail:
                 continue
-            tg = {}
-            self._map[key] = (parent, start, end)
-            self._tg[key] = tg
+            self._runs[key] = (parent, i, (key,))
+            self._tg[key] = dict(targets)
+            self._tail[key] = key
+            self._blocks += 1
+            size = end - start
             for t, ts in targets.items():
-                tg[t] = ts
-                self._chars += end - start
-                self._chars_by_target[t] = self._chars_by_target.get(t, 0) + end - start
+                self._entries += 1
+                self._chars += size
+                self._chars_by_target[t] = self._chars_by_target.get(t, 0) + size
                 entries.append((ts, -end, key, t))
         entries.sort()  # oldest first; deepest first among equal times
-        for _, _, key, t in entries:
-            self._lru[(key, t)] = None
+        self._records.extend((ts, key, t) for ts, _, key, t in entries)
+        if entries:
+            self._last_ts = max(self._last_ts, entries[-1][0])
         self._enforce_budget()

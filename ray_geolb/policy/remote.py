@@ -82,18 +82,8 @@ def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Opti
     Reads the matched block's per-target access time in the prefix index (an insert touches the whole
     path, so it is when this prefix last went to ``target``).
     """
-    ends = prepared.ends
-    lo, hi = 0, len(ends) - 1
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        if ends[mid] < chars:
-            lo = mid + 1
-        elif ends[mid] > chars:
-            hi = mid - 1
-        else:
-            t = index.last_access(prepared.keys[mid], target)
-            return None if t is None else max(0.0, now - t)
-    return None
+    t = index.last_access_at(prepared, chars, target)
+    return None if t is None else max(0.0, now - t)
 
 
 def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, min_match_chars: int,
