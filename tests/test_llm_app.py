@@ -47,6 +47,41 @@ def test_stat_logger_plugin_records_scheduler_stats():
     assert (rs.num_waiting, rs.num_running, rs.kv_cache_usage) == (2, 3, 0.25)
 
 
+def test_stat_logger_plugin_ttft_samples_from_finished_requests():
+    """vLLM 0.29 has no per-request TTFT field: the sample is queued_time + prefill_time (engine core)
+    with uncached = num_prompt_tokens - num_cached_tokens, taken once per report."""
+    from vllm.v1.metrics.stats import FinishedRequestStats, IterationStats, SchedulerStats
+
+    from ray_geolb.policy import ReplicaStats
+    from ray_geolb.serve import stats_plugin as sp
+
+    sp.reset_stats()
+    lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
+    it = IterationStats()
+
+    def fin(**kw):
+        base = dict(finish_reason=None, num_prompt_tokens=1000, num_generation_tokens=8, e2e_latency=0.5,
+                    queued_time=0.02, prefill_time=0.08, num_cached_tokens=256)
+        base.update(kw)
+        return FinishedRequestStats(**base)
+
+    it.finished_requests = [
+        fin(),
+        fin(num_prompt_tokens=300, num_cached_tokens=0, queued_time=0.0, prefill_time=0.03),
+        fin(num_generation_tokens=0, prefill_time=-5.0),  # aborted before its first token: skipped
+        fin(queued_time=0.0, prefill_time=81234.5),  # no SCHEDULED event (ts 0.0): longer than e2e, skipped
+    ]
+    lg.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1), it)
+    samples = sp.take_ttft_samples()
+    assert samples == [[744, pytest.approx(0.1)], [300, pytest.approx(0.03)]]
+    assert sp.take_ttft_samples() == []  # only since the previous report
+    lg.record(None, it)  # an iteration-only record still yields samples
+    assert len(sp.take_ttft_samples()) == 2
+    rs = ReplicaStats.from_dict({**sp.latest_stats(), "ttft_samples": samples})
+    assert rs.ttft_samples == ((744.0, pytest.approx(0.1)), (300.0, pytest.approx(0.03)))
+    sp.reset_stats()
+
+
 def test_stat_logger_plugin_entry_point_is_discoverable():
     from importlib.metadata import entry_points
 

@@ -33,18 +33,54 @@ routing decision never scans all targets.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Dict, Hashable, Iterable, Optional, Set
+from typing import Dict, Hashable, Iterable, Optional, Set, Tuple
 
-__all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES"]
+__all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLES", "parse_ttft_samples"]
 
 AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
+#: most TTFT samples one report may carry (a replica sends only those since its previous report)
+MAX_TTFT_SAMPLES = 1024
+
+
+def _nonneg_number(v, what: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"{what} must be a number, got {v!r}")
+    x = float(v)
+    if not (x >= 0.0 and math.isfinite(x)):
+        raise ValueError(f"{what} must be finite and >= 0, got {v!r}")
+    return x
+
+
+def parse_ttft_samples(v) -> Optional[Tuple[Tuple[float, float], ...]]:
+    """Validate a report's ``ttft_samples``: a list of ``[uncached_prompt_tokens, ttft_s]`` pairs
+    (finite numbers >= 0), at most :data:`MAX_TTFT_SAMPLES`. ``None`` / empty -> None; anything else
+    -> ``ValueError`` naming the bad entry (the whole report is then rejected, like any bad field)."""
+    if v is None:
+        return None
+    if isinstance(v, (str, bytes, dict)) or not isinstance(v, (list, tuple)):
+        raise ValueError(f"ttft_samples must be a list of [uncached_tokens, ttft_s] pairs, got {type(v).__name__}")
+    if len(v) > MAX_TTFT_SAMPLES:
+        raise ValueError(f"ttft_samples has {len(v)} samples; at most {MAX_TTFT_SAMPLES} per report")
+    out = []
+    for i, pair in enumerate(v):
+        if isinstance(pair, (str, bytes, dict)) or not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ValueError(f"ttft_samples[{i}] must be an [uncached_tokens, ttft_s] pair, got {pair!r}")
+        out.append((_nonneg_number(pair[0], f"ttft_samples[{i}][0] (uncached tokens)"),
+                    _nonneg_number(pair[1], f"ttft_samples[{i}][1] (ttft_s)")))
+    return tuple(out) or None
 
 
 @dataclass
 class ReplicaStats:
-    """One engine report. ``timestamp`` is when it was measured, on the router's clock."""
+    """One engine report. ``timestamp`` is when it was measured, on the router's clock.
+
+    ``ttft_samples`` (optional): ``((uncached_prompt_tokens, ttft_s), ...)`` of the requests whose
+    first token the replica produced since its previous report -- what a cost policy's online t_p
+    regression learns from (:meth:`~ray_geolb.policy.base.Policy.observe_ttft`).
+    """
 
     num_waiting: int = 0
     num_running: int = 0
@@ -53,6 +89,7 @@ class ReplicaStats:
     max_num_seqs: Optional[int] = None
     num_gpu_blocks: Optional[int] = None
     block_tokens: Optional[int] = None
+    ttft_samples: Optional[Tuple[Tuple[float, float], ...]] = None
 
     _ALIASES = {
         "num_waiting": ("num_waiting", "num_waiting_reqs", "waiting", "pending"),
@@ -83,6 +120,7 @@ class ReplicaStats:
             max_num_seqs=None if vals.get("max_num_seqs") is None else int(vals["max_num_seqs"]),
             num_gpu_blocks=None if vals.get("num_gpu_blocks") is None else int(vals["num_gpu_blocks"]),
             block_tokens=None if vals.get("block_tokens") is None else int(vals["block_tokens"]),
+            ttft_samples=parse_ttft_samples(d.get("ttft_samples")),
         )
         if s.num_waiting < 0 or s.num_running < 0:
             raise ValueError(f"replica stats have negative counts: {d!r}")

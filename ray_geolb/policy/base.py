@@ -8,7 +8,9 @@ A policy routes requests over a set of *targets* (replica ids). The driver calls
 * ``on_dispatch(req, target, now)`` once the request is really sent (affinity state and in-flight
   accounting are updated here, not in ``choose``, so a rejected or retried choice leaves no trace);
 * ``on_complete(req_id, target, now, ...)`` on completion, cancellation or error;
-* ``on_stats(target, stats)`` whenever a replica report arrives.
+* ``on_stats(target, stats)`` whenever a replica report arrives;
+* ``observe_ttft(target, uncached_tokens, ttft_s)`` for each TTFT a replica measured itself (Ray
+  Serve: the report's ``ttft_samples``; the simulator instead passes ``ttft_s`` to ``on_complete``).
 
 A policy is assembled from small pieces: a :class:`~ray_geolb.policy.availability.LoadTracker`
 (which targets are eligible), an optional prefix index or hash ring (how they are scored) and a
@@ -193,6 +195,11 @@ class Policy:
     def on_stats(self, target: Hashable, stats: ReplicaStats) -> None:
         if target in self._target_set:
             self.tracker.on_stats(target, stats)
+
+    def observe_ttft(self, target: Hashable, uncached_tokens: float, ttft_s: float) -> None:
+        """A TTFT measured at ``target`` for a request with ``uncached_tokens`` prompt tokens to
+        prefill (reported by the replica, e.g. ``ReplicaStats.ttft_samples``). Policies with an online
+        TTFT model learn from it; the default ignores it."""
 
     # ---------------------------------------------------------------- hooks
     def _pick(self, req: RouteRequest, eligible: List[Hashable], now: float) -> Decision:

@@ -18,7 +18,9 @@ Two servers:
   :func:`emulated_llm_config` builds such a config.
 
 Both report ``record_routing_stats()`` = the engine's stats (num_waiting, num_running,
-kv_cache_usage, max_num_seqs, num_gpu_blocks, block_tokens, ...) + ``timestamp = time.time()``, and
+kv_cache_usage, max_num_seqs, num_gpu_blocks, block_tokens, ...) + ``timestamp = time.time()`` +
+``ttft_samples`` (``[[uncached_prompt_tokens, ttft_s], ...]`` since the previous report, TTFT in
+wall-clock seconds: see :class:`EmulatedEngine`), and
 ``record_replica_metadata()`` = ``{"region": ...}``: the ``region`` option, else ``regions[rank %
 len(regions)]`` (several "regions" on one node, for tests), else the node label
 ``ray.io/availability-region``.
@@ -42,7 +44,8 @@ import logging
 import sys
 import time
 import uuid
-from typing import Any, AsyncIterator, Dict, List, Optional
+from collections import deque
+from typing import Any, AsyncIterator, Deque, Dict, List, Optional
 
 from ray import serve
 
@@ -105,8 +108,24 @@ def _replica_id() -> str:
         return "local"
 
 
+#: TTFT samples an emulated replica keeps between two reports (oldest dropped beyond)
+TTFT_SAMPLES_PER_REPORT = 256
+
+
 class EmulatedEngine:
-    """One emulated vLLM engine: EngineModel + AsyncEngineDriver + prompt hashing."""
+    """One emulated vLLM engine: EngineModel + AsyncEngineDriver + prompt hashing.
+
+    ``stats()`` also carries ``ttft_samples``: ``[[uncached_prompt_tokens, ttft_s], ...]`` for the
+    requests whose first token was produced since the previous ``stats()`` call (at most
+    :data:`TTFT_SAMPLES_PER_REPORT`; the key is absent when there are none). ``ttft_s`` is in
+    **wall-clock seconds** as this replica observed it (arrival at the replica to the first token),
+    i.e. engine seconds x ``time_scale`` -- the clock of the report's ``timestamp``, of the router's
+    waits and of the region layer's RTTs, so a learned t_p is comparable with them (and with what a
+    real vLLM replica reports). ``uncached_prompt_tokens`` is the prompt minus the prefix the
+    engine's cache held when the request arrived (capped like the engine: the last prompt block is
+    always computed); under load the cache may change before the request is scheduled, so this is
+    the engine's view at arrival, not at admission.
+    """
 
     def __init__(self, profile: str = "llama3.1-8b-h100", time_scale: float = 0.01, output_tokens: int = 16,
                  engine_overrides: Optional[Dict[str, Any]] = None, chars_per_token: float = 4.0):
@@ -114,10 +133,12 @@ class EmulatedEngine:
         cfg = EngineConfig.from_profile(prof, **(engine_overrides or {}))
         self.model = EngineModel(prof, cfg)
         self.driver = AsyncEngineDriver(self.model, time_scale)
+        self.time_scale = float(time_scale)
         self.output_tokens = int(output_tokens)
         self.chars_per_token = chars_per_token
         self.served = 0
         self._ids = itertools.count()
+        self._ttft: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_PER_REPORT)
 
     def make_request(self, text: str, max_tokens: Optional[int] = None, request_id: Optional[str] = None) -> EngineRequest:
         c = self.model.config
@@ -131,17 +152,36 @@ class EmulatedEngine:
         return EngineRequest(rid, n, out, hashes)
 
     async def generate(self, req: EngineRequest) -> AsyncIterator[int]:
+        t0 = time.time()
+        uncached = req.prompt_tokens - self.cached_prefix_tokens(req)
+        first = True
         async for i in self.driver.generate(req):
+            if first:
+                first = False
+                self._ttft.append([uncached, time.time() - t0])
             yield i
         self.served += 1
+
+    def take_ttft_samples(self) -> List[List[float]]:
+        """The TTFT samples since the previous call (and forget them)."""
+        out = list(self._ttft)
+        self._ttft.clear()
+        return out
 
     def stats(self) -> dict:
         st = self.driver.stats()  # includes timestamp = time.time()
         st["served"] = self.served
+        samples = self.take_ttft_samples()
+        if samples:
+            st["ttft_samples"] = samples
         return st
 
     def cached_prefix_tokens(self, req: EngineRequest) -> int:
-        return self.model.cached_prefix_tokens(req.block_hashes)
+        """Leading prompt tokens cached now, capped as the engine caps a hit (the block holding the
+        last prompt token is always recomputed)."""
+        B = self.model.config.block_tokens
+        cap = ((req.prompt_tokens - 1) // B) * B
+        return min(self.model.cached_prefix_tokens(req.block_hashes), cap)
 
 
 def _prompt_and_max_tokens(prompt_or_body: Any, max_tokens: Optional[int]):

@@ -6,7 +6,10 @@ Ray Serve LLM's stock ``LLMServer.record_routing_stats`` returns only KV-event e
 and turns stats on for them. :class:`GeoStatLogger` is such a plugin: each ``record()`` stores the
 latest ``SchedulerStats`` (num_waiting_reqs, num_running_reqs, kv_cache_usage) plus the engine's
 capacity (max_num_seqs, num_gpu_blocks, block_size) in a module global, and :class:`GeoVLLMServer`
-(an ``LLMServer`` subclass, built lazily) returns them from ``record_routing_stats``.
+(an ``LLMServer`` subclass, built lazily) returns them from ``record_routing_stats``, with
+``ttft_samples`` = ``[[uncached_prompt_tokens, ttft_s], ...]`` of the requests that finished since the
+previous report (from ``IterationStats.finished_requests``; see :func:`ttft_sample` for what vLLM
+provides and what it does not), which GeoPrefixRouter feeds to the policy's online t_p model.
 
 The entry point is declared in pyproject.toml::
 
@@ -19,17 +22,22 @@ environment (set ``VLLM_PLUGINS`` to restrict plugins).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
-from typing import Any, Dict
+from collections import deque
+from typing import Any, Deque, Dict, List, Optional
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-__all__ = ["GeoStatLogger", "latest_stats", "reset_stats"]
+__all__ = ["GeoStatLogger", "latest_stats", "reset_stats", "take_ttft_samples", "ttft_sample", "TTFT_SAMPLES_KEPT"]
 
 _LOCK = threading.Lock()
 _LATEST: Dict[int, Dict[str, Any]] = {}  # engine index -> stats dict
 _CAPACITY: Dict[int, Dict[str, Any]] = {}
+#: TTFT samples kept between two reports (oldest dropped beyond)
+TTFT_SAMPLES_KEPT = 256
+_TTFT: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_KEPT)
 
 
 def latest_stats() -> Dict[str, Any]:
@@ -59,6 +67,48 @@ def reset_stats() -> None:
     with _LOCK:
         _LATEST.clear()
         _CAPACITY.clear()
+        _TTFT.clear()
+
+
+def take_ttft_samples() -> List[List[float]]:
+    """``[[uncached_prompt_tokens, ttft_s], ...]`` recorded since the previous call (then forgotten)."""
+    with _LOCK:
+        out = list(_TTFT)
+        _TTFT.clear()
+    return out
+
+
+def ttft_sample(fr: Any) -> Optional[List[float]]:
+    """``[uncached_prompt_tokens, ttft_s]`` of one vLLM ``FinishedRequestStats``, or None.
+
+    What vLLM 0.29 really gives per request (``vllm/v1/metrics/stats.py``): ``FinishedRequestStats``
+    has ``num_prompt_tokens``, ``num_cached_tokens`` (local prefix-cache + external KV-transfer hits
+    at its first scheduling) and ``queued_time`` (first QUEUED -> first SCHEDULED) and
+    ``prefill_time`` (first SCHEDULED -> first token), both from engine-core monotonic timestamps.
+    There is **no per-request TTFT field**: ``IterationStats.time_to_first_tokens_iter`` holds TTFTs
+    from the frontend's arrival time, but without request ids or token counts, so they cannot be
+    paired with a prompt length. We therefore use ``ttft_s = queued_time + prefill_time``: the
+    engine core's TTFT (queued to first token, preemptions during prefill included), real seconds.
+    It leaves out the API server's fixed overhead (tokenisation, IPC), which only shifts the fitted
+    intercept, not t_p. Samples arrive when the request *finishes* (vLLM has no per-request stats
+    at first token). Aborted requests that never produced a token, and ones without the QUEUED /
+    SCHEDULED events (stats off: the interval would be measured from 0.0, longer than the request's
+    ``e2e_latency``), are skipped.
+    """
+    try:
+        prompt = int(fr.num_prompt_tokens)
+        cached = int(getattr(fr, "num_cached_tokens", 0) or 0)
+        q, p = float(fr.queued_time), float(fr.prefill_time)
+        gen = int(getattr(fr, "num_generation_tokens", 1))
+        e2e = float(getattr(fr, "e2e_latency", 0.0) or 0.0)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    ttft = q + p
+    if prompt <= 0 or gen <= 0 or q < 0 or p <= 0 or not math.isfinite(ttft):
+        return None
+    if e2e > 0 and ttft > 1.05 * e2e + 0.05:  # a missing QUEUED/SCHEDULED timestamp (0.0) shows up here
+        return None
+    return [max(0, prompt - cached), ttft]
 
 
 class GeoStatLogger(StatLoggerBase):
@@ -81,6 +131,12 @@ class GeoStatLogger(StatLoggerBase):
             _CAPACITY[engine_index] = dict(cap)
 
     def record(self, scheduler_stats=None, iteration_stats=None, mm_cache_stats=None, engine_idx: int = 0):
+        finished = getattr(iteration_stats, "finished_requests", None) if iteration_stats is not None else None
+        if finished:
+            samples = [x for x in map(ttft_sample, finished) if x is not None]
+            if samples:
+                with _LOCK:
+                    _TTFT.extend(samples)
         if scheduler_stats is None:
             return
         s = {
@@ -119,6 +175,9 @@ def _build_server():
             base = await super().record_routing_stats()
             out = dict(base or {})
             out.update(latest_stats())
+            samples = take_ttft_samples()
+            if samples:
+                out["ttft_samples"] = samples
             return out
 
         def record_replica_metadata(self) -> dict:

@@ -9,7 +9,9 @@ For each available replica ``r`` (selective pushing, as GORGO routes locally whe
 * ``L`` = the request's prompt tokens; ``L_hit(r)`` = the prefix this LB already sent to ``r`` (the
   approximate prefix index), in tokens at ``chars_per_token`` (4) characters per token, capped at L;
 * ``t_p(r)`` = seconds per prefill token learned online from observed TTFTs
-  (:mod:`~ray_geolb.policy.ttft_model`, prior GORGO Table 1) — fed by ``on_complete(..., ttft_s=)``;
+  (:mod:`~ray_geolb.policy.ttft_model`, prior GORGO Table 1) — fed by ``on_complete(..., ttft_s=)``
+  (simulator: the TTFT the LB sees, x = its dispatch-time estimate of uncached tokens) or by
+  ``observe_ttft`` (Ray Serve: samples the replicas measure and report, x = the engine's own count);
 * ``Q(r)`` = tokens queued ahead at ``r``: the replica's reported waiting requests × the mean prompt
   length, plus the uncached tokens of requests this LB dispatched since that report.
 
@@ -208,6 +210,12 @@ class CostPolicy(PrefixPolicy):
         if item is not None and ok and ttft_s is not None:
             self.ttft.observe(item.target, item.uncached_tokens, ttft_s)
         super().on_complete(request_id, target, now, ttft_s=ttft_s, ok=ok, req=req)
+
+    def observe_ttft(self, target, uncached_tokens, ttft_s):
+        """A replica-measured sample (``uncached_tokens``: what the engine really prefilled) for the
+        online t_p regression; the same model ``on_complete(..., ttft_s=)`` feeds in the simulator."""
+        if target in self._target_set:
+            self.ttft.observe(target, uncached_tokens, ttft_s)
 
     def _forget(self, target):
         super()._forget(target)
