@@ -183,6 +183,55 @@ def test_forward_only_when_saturated(geo):
     assert all(geoh(r)["origin"] == "us" for r in rs)
 
 
+def test_peer_extras_reach_the_cost_selector(geo):
+    """GeoPrefix's region layer in Serve: each ingress publishes its router's load (in-flight requests,
+    queued tokens, pooled t_p, replicas) in its heartbeat, the registry relays it, and the saturated
+    region's cost selector prices the peers with it. eu is nearer and has a free slot and an empty
+    queue (SP-P availability says "go"), but already runs a long request; asia is idle. The overflow
+    from us goes to asia -- by the cost the relayed in-flight count adds, not by RTT."""
+    async def run():
+        await wait_idle(geo)
+        async with httpx.AsyncClient(timeout=120) as c:
+            async def state(r):
+                return (await c.get(f"{geo}/{r}/v1/geolb/state")).json()
+
+            eu_long = asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions", json=chat("eu batch " * 300, n=600),
+                                                   headers={"x-allowed-regions": "eu"}))
+            deadline = time.time() + 20
+            while True:  # eu's in-flight request reaches us through the registry
+                st = await state("us")
+                if st["peers"]["eu"]["extra"].get("inflight", 0) >= 1 and {"eu", "asia"} <= set(st["available_peers"]):
+                    break
+                assert time.time() < deadline, st["peers"]
+                await asyncio.sleep(0.1)
+            seen = st["peers"]
+            us_long = [asyncio.ensure_future(c.post(f"{geo}/us/v1/chat/completions", json=chat(f"us long {i} " * 300, n=600),
+                                                    headers={"x-allowed-regions": "us"})) for i in range(2)]
+            deadline = time.time() + 20
+            while (await state("us"))["local_available"] > 0:  # us's 2 engine slots are taken
+                assert time.time() < deadline
+                await asyncio.sleep(0.05)
+            probe = await c.post(f"{geo}/us/v1/chat/completions", json=chat("where should I go " * 250, n=4))
+            after = await state("us")
+            rest = await asyncio.gather(eu_long, *us_long)
+        return seen, probe, after, rest
+
+    seen, probe, after, rest = asyncio.run(run())
+    assert all(r.status_code == 200 for r in rest)
+    assert after["remote"] == "cost"  # GeoPrefix's region layer (geoprefix_two_layer) by default
+    for r in ("eu", "asia"):  # the relayed extras: what each peer's ingress computed from its router
+        ex = seen[r]["extra"]
+        assert ex["replicas"] == 1 and ex["t_p_s"] > 0 and ex["queued_tokens"] >= 0, seen
+    assert seen["eu"]["extra"]["inflight"] >= 1 and seen["asia"]["extra"]["inflight"] == 0, seen
+    assert probe.status_code == 200, probe.text
+    g = geoh(probe)
+    costs = after["last_costs_s"]
+    assert (g["route"], g["region"]) == ("forwarded", "asia"), (g, costs, after["peers"])
+    assert costs["asia"] < costs["eu"] and costs["asia"] < costs["stay"], costs
+    rtt = after["measured_rtt_ms"]
+    assert rtt["eu"] < rtt["asia"], rtt  # by RTT alone ('nearest') it would have gone to eu
+
+
 def test_hop_limit_forwarded_request_waits_at_peer(geo):
     """eu is saturated while us and asia are free: a request forwarded to eu (hops=1) is served in eu
     after waiting -- never forwarded again -- while a fresh eu request (hops=0) would be forwarded."""
@@ -302,7 +351,7 @@ def test_registry_killed_mid_run(geo):
 
     results, after = asyncio.run(run())
     assert len(results) == 24 and all(r.status_code == 200 for r in results), [r.text for r in results if r.status_code != 200]
-    assert all(r.status_code == 200 for r in after)
+    assert all(r.status_code == 200 for r in after), [(r.status_code, r.text[:300]) for r in after]
     assert any(geoh(r)["route"] == "forwarded" for r in after), [geoh(r) for r in after]
 
 

@@ -60,6 +60,50 @@ def test_bad_items_are_skipped_not_fatal():
     assert st.rejected == 4
 
 
+def test_heartbeat_extras_validated_aggregated_and_relayed():
+    clk = FakeClock()
+    st = RegistryState(clock=clk, fresh_s=3.0)
+    st.heartbeat_batch([
+        hb("us", 1, 1, source="a", extra={"queued_tokens": 100.0, "inflight": 3, "t_p_s": 1e-4, "replicas": 2}),
+        hb("us", 1, 0, source="b", extra={"queued_tokens": 50, "inflight": 1, "t_p_s": 3e-4, "replicas": 2}),
+        hb("eu", 2, 0),  # no extras: none in its entry
+    ])
+    t = st.table()
+    assert t["regions"]["us"]["extra"] == {"queued_tokens": 150.0, "inflight": 4, "t_p_s": pytest.approx(2e-4),
+                                           "replicas": 2}
+    assert "extra" not in t["regions"]["eu"]
+    peers = {p.region: p for p in peer_states_from_table(t, 50.0, "eu")}
+    ex = peers["us"].extra
+    assert ex["sources"] == 2 and ex["inflight"] == 4 and ex["replicas"] == 2 and isinstance(ex["replicas"], int)
+    clk.t += 4  # only "a" refreshes: the stale source's extras no longer count
+    st.heartbeat_batch([hb("us", 1, 0, source="a", extra={"queued_tokens": 10.0, "inflight": 0, "replicas": 2})])
+    assert st.table()["regions"]["us"]["extra"] == {"queued_tokens": 10.0, "inflight": 0, "replicas": 2}
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ([1, 2], "must be a dict"),
+    ({"queued_tokens": -1}, "queued_tokens"),
+    ({"inflight": float("nan")}, "finite"),
+    ({"t_p_s": "fast"}, "t_p_s"),
+    ({"replicas": True}, "replicas"),
+    ({"": 1}, "field names"),
+    ({"x" * 65: 1}, "field names"),
+    ({f"k{i}": 1 for i in range(17)}, "at most 16"),
+])
+def test_bad_extras_reject_the_heartbeat_with_a_clear_error(extra, needle):
+    st = RegistryState(clock=FakeClock())
+    t = st.heartbeat_batch([hb("us", 1, extra=extra), hb("eu", 1)])
+    assert set(t["regions"]) == {"eu"} and st.rejected == 1
+    assert len(t["errors"]) == 1 and needle in t["errors"][0] and "heartbeat.extra" in t["errors"][0]
+
+
+def test_peer_states_ignore_a_malformed_table_extra():
+    table = {"regions": {"us": {"available_replicas": 1, "queue_len": 0, "age_s": 0.0, "sources": 1,
+                                "extra": {"inflight": -3}}}, "rtts": {}}
+    (ps,) = peer_states_from_table(table, 10.0, "eu")
+    assert ps.extra == {"sources": 1} and ps.available_replicas == 1
+
+
 def test_memory_bounds_regions_sources_and_stale_drop():
     clk = FakeClock()
     st = RegistryState(clock=clk, max_regions=3, max_sources_per_region=2, drop_after_s=10)

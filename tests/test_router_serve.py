@@ -74,7 +74,7 @@ def test_prompt_extraction_helpers():
     assert extract_prompt_text([{"messages": [{"role": "user", "content": "hi"}]}], {}).endswith("hi\n")
     assert extract_prompt_text([42], {}) is None
     assert extract_prompt_text([], {"prompt": "p"}) == "p"
-    assert DEFAULT_POLICY == "skylb"
+    assert DEFAULT_POLICY == "geoprefix"
 
 
 def test_conversation_affinity(cluster):
@@ -106,6 +106,43 @@ def test_conversation_affinity(cluster):
     assert later, "no decision recorded a matched prefix longer than the system prompt"
     assert r.counters["internal_errors"] == 0
     serve.delete("aff")
+
+
+def test_geoprefix_learns_t_p_from_replica_ttft_reports(cluster):
+    """In Serve the router never sees a TTFT itself: the replicas report theirs (``ttft_samples`` in
+    routing stats) and the default policy (GeoPrefix) learns t_p from them. Sequential requests of
+    distinct lengths (no shared prefix) on an engine 4x slower than the profile: the pooled t_p moves
+    from the prior to the engine's real wall-clock prefill rate."""
+    from ray_geolb.policy.ttft_model import POOLED
+    from ray_geolb.sim.profiles import get_profile
+
+    scale = 4.0
+    h = _deploy("ttft", 1, {}, time_scale=scale, output_tokens=1)
+    r = _router("ttft", h)
+    assert r.policy.name == "geoprefix"
+    prior = r.policy.config.ttft.prior_tp_s
+    assert r.policy.pooled_t_p() == prior and r.policy.ttft.line()[2] == "prior"
+    prof = get_profile("llama3.1-8b-h100")
+    # batch size 1, no cache hit: each prefill token costs prefill + attention over its own context
+    expect = scale * (prof.prefill_per_token_s + prof.attn_per_ctx_token_s)
+    assert expect > 1.3 * prior  # so even the floored t_p has to move
+    outs = []
+    for i, words in enumerate((40, 700, 150, 1200, 300, 900, 80, 500, 1000, 220, 600, 400)):
+        outs.append(h.remote(f"request {i}: " + "token soup " * words, max_tokens=1).result(timeout_s=60))
+    deadline = time.time() + 15
+    while r.counters["ttft_samples"] < len(outs):
+        assert time.time() < deadline, f"only {r.counters['ttft_samples']} TTFT samples reached the router"
+        time.sleep(0.1)
+    assert r.counters["bad_stats"] == 0
+    # the samples carry the engine's own uncached-token counts (nothing was cached)
+    assert sorted(r.policy.ttft._w[POOLED].xs) == sorted(float(o["prompt_tokens"]) for o in outs)
+    base, tp, src = r.policy.ttft.line()
+    print(f"learned t_p {tp:.3e} s/token (expected {expect:.3e}), base {base:.3f} s; prior {prior:.3e}")
+    assert src == "pooled"
+    assert tp == pytest.approx(expect, rel=0.15), (tp, expect)
+    assert r.policy.pooled_t_p() == pytest.approx(expect, rel=0.15)
+    assert base == pytest.approx(scale * (prof.ttft_overhead_s + prof.step_base_s), abs=0.05)
+    serve.delete("ttft")
 
 
 def test_selective_pushing_no_queue_while_replica_idle(cluster):

@@ -4,8 +4,11 @@ Each application = a :class:`~ray_geolb.serve.ingress.RegionIngress` (OpenAI HTT
 an :class:`~ray_geolb.serve.llm_server.EmulatedEngineServer` deployment (the emulated GPU engine) whose
 request router is chosen by ``router``:
 
-* ``"geo"``        -- :class:`ray_geolb.serve.router.GeoPrefixRouter` with ``policy`` (default SkyLB:
-  SP-P + prefix tree); the ingress forwards to peer regions when its region is saturated (SkyLB).
+* ``"geo"``        -- :class:`ray_geolb.serve.router.GeoPrefixRouter` with ``policy`` (default
+  GeoPrefix: SP-P + prefix tree + per-request TTFT cost with t_p learned from the replicas' TTFT
+  reports); the ingress forwards to peer regions when its region is saturated, choosing the peer
+  (or to keep waiting) by the ``cost`` selector fed by the peers' heartbeat extras relayed through
+  the registry (for ``skylb``: SkyLB's regional prefix snapshot).
 * ``"pow2"``       -- Ray Serve's default PowerOfTwoChoicesRequestRouter, region-local (no forwarding:
   what one gets by deploying stock Ray Serve per region).
 * ``"ray_prefix"`` -- Ray's PrefixCacheAffinityRouter, region-local; if it cannot be imported, our
@@ -39,6 +42,15 @@ REGION_LABEL = "ray.io/availability-region"
 GEO_ROUTER = "ray_geolb.serve.router.GeoPrefixRouter"
 RAY_PREFIX_ROUTER = "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter"
 ROUTERS = ("geo", "pow2", "ray_prefix")
+
+
+def policy_name(policy: Any) -> Optional[str]:
+    """The name of a policy spec (a name, or a config dict / pydantic config with ``name``)."""
+    if isinstance(policy, str):
+        return policy
+    if isinstance(policy, dict):
+        return policy.get("name")
+    return getattr(policy, "name", None)
 
 
 def ray_prefix_router_class() -> Optional[str]:
@@ -81,7 +93,7 @@ def _check_regions(regions: Dict[str, int]) -> Dict[str, int]:
 def build_region_apps(
     regions: Optional[Dict[str, int]] = None,
     model: str = "geolb-emulated",
-    policy: Any = "skylb",
+    policy: Any = None,
     engine_profile: str = "llama3.1-8b-h100",
     time_scale: float = 0.01,
     *,
@@ -103,6 +115,10 @@ def build_region_apps(
     ``ingress``: extra :class:`IngressConfig` fields (``max_queue``, ``max_wait_s``, ``two_layer``...).
     ``registry``: ``RegistryOptions`` fields as a dict, or ``False`` for no registry (no forwarding).
     ``router_kwargs``: extra GeoPrefixRouter kwargs (``queue_bound``, ``wait_limit_s``...).
+    ``policy``: the GeoPrefixRouter policy (name or config dict; None = the router's
+    ``DEFAULT_POLICY``, GeoPrefix). With ``geoprefix`` the ingress's region layer defaults to
+    GeoPrefix's own (``geoprefix_two_layer``: ``remote="cost"`` with ``GEOPREFIX_COST``), as in the
+    simulator; ``ingress={"two_layer": {...}}`` overrides any of it.
     """
     regions = _check_regions({"us": 2, "eu": 1, "asia": 1} if regions is None else regions)
     if router not in ROUTERS:
@@ -115,8 +131,10 @@ def build_region_apps(
 
     from ray_geolb.serve.llm_server import EmulatedEngineServer
 
+    from ray_geolb.serve.router import DEFAULT_POLICY
+
     region_local = router != "geo"
-    geo_policy = policy
+    geo_policy = DEFAULT_POLICY if policy is None else policy
     router_class: Optional[str] = GEO_ROUTER
     if router == "pow2":
         router_class = None
@@ -135,7 +153,13 @@ def build_region_apps(
             "latency": lat.to_spec(),
         }
         extra = dict(ingress or {})
-        two_layer = {"peer_stale_s": 2.0, **extra.pop("two_layer", {})}
+        two_layer = {"peer_stale_s": 2.0}
+        if router_class == GEO_ROUTER and policy_name(geo_policy) == "geoprefix":
+            from ray_geolb.policy.algorithms.geoprefix import geoprefix_two_layer
+
+            two_layer.update(geoprefix_two_layer(region))
+            two_layer.pop("region")
+        two_layer.update(extra.pop("two_layer", {}))
         if region_local:
             two_layer["max_hops"] = 0
         icfg["two_layer"] = two_layer

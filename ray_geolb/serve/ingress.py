@@ -51,7 +51,8 @@ from ray import serve
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy.base import Decision, RouteRequest
 from ray_geolb.policy.canonical import PromptFormatError, canonical_text
-from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
+from ray_geolb.policy.remote import CostSelector
+from ray_geolb.policy.two_layer import PeerState, RegionDecision, RegionRouter, TwoLayerConfig
 from ray_geolb.serve.errors import RouterError
 from ray_geolb.serve.latency import LatencyInjector
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, RegistryClient, peer_states_from_table
@@ -100,6 +101,11 @@ class IngressConfig(BaseModel):
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)
     forward_timeout_s: float = Field(300.0, gt=0)
+    #: 'cost' region layer: add the measured wait for a local engine slot to the cost of staying
+    #: (see _SlotWaitCostSelector); False = the selector exactly as in the simulator
+    stay_slot_wait: bool = True
+    drain_window_s: float = Field(10.0, gt=0, description="window of the local drain-rate estimate")
+    drain_min_samples: int = Field(4, ge=2, description="completions the drain-rate estimate needs")
 
     def two_layer_config(self) -> TwoLayerConfig:
         tl = dict(self.two_layer)
@@ -230,16 +236,52 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
 
 # ---------------------------------------------------------------------------------------------- local view
 class _LocalView:
-    """The duck-typed ``Policy`` a :class:`RegionRouter` sees as its local layer: "is a replica of
-    this region available now?" -- answered in process by the GeoPrefixRouter of the model deployment."""
+    """The local layer a :class:`RegionRouter` sees: the in-process GeoPrefixRouter's policy.
+
+    * ``choose`` -- "is a replica of this region available now?": :meth:`RegionIngressImpl.local_available`
+      (the router's SP-P availability, minus requests sent locally that it has not placed yet). The
+      replica itself is picked by the GeoPrefixRouter when the request reaches the model handle, so
+      the view only says *whether* the policy would place it -- which is what ``policy.choose``
+      returning a decision or None means in the simulator's RegionRouter.
+    * Everything else the region layer reads -- the ``cost`` selector's stay cost and this region's
+      heartbeat extras: ``targets``, ``tracker.stats/unseen/outstanding``, ``queued_tokens(t)``,
+      ``pooled_t_p()``, ``mean_prompt_tokens``, ``ttft``, ``index``, ``prepared`` -- is the live policy
+      object of the model deployment's GeoPrefixRouter (no copy, no actor call), so the selector
+      prices staying exactly as the simulator's RegionRouter does over its real local policy. An
+      attribute the policy lacks (e.g. ``pooled_t_p`` for SkyLB) is absent here too, and the selector
+      takes its documented fallback. Until the router exists (it is created with the first local
+      request) there are no targets: staying is not priced, and every request is local anyway.
+
+    The policy lives on the router's event-loop thread; reads here run on the ingress's. They are
+    plain attribute/dict reads; a read that races a mutation (a dict resized mid-iteration) raises,
+    and :meth:`RegionIngressImpl._decide` retries the decision.
+    """
+
+    _DELEGATED = frozenset({"ttft", "pooled_t_p", "t_p", "mean_prompt_tokens", "queued_tokens", "index",
+                            "prepared", "config", "name"})
 
     def __init__(self, ingress: "RegionIngressImpl"):
         self._ing = ingress
-        self.tracker = self
+        self.tracker = _TrackerView(ingress)
+
+    def policy(self):
+        """The GeoPrefixRouter's policy in this process, or None."""
+        if self._ing.cfg.local_availability != "router":
+            return None
+        r = self._ing._geo_router()
+        return r.policy if r is not None else None
 
     @property
-    def available(self):
-        return range(self._ing.local_available())
+    def targets(self):
+        p = self.policy()
+        return p.targets if p is not None else []
+
+    def __getattr__(self, name):
+        if name in _LocalView._DELEGATED:
+            p = self.policy()
+            if p is not None:
+                return getattr(p, name)  # AttributeError if the policy has no such attribute
+        raise AttributeError(name)
 
     def choose(self, req, now, candidates=None):
         n = self._ing.local_available()
@@ -247,6 +289,70 @@ class _LocalView:
 
     def on_dispatch(self, req, target, now):
         pass
+
+
+class _TrackerView:
+    """``_LocalView.tracker``: availability as the ingress counts it; per-replica load from the
+    router policy's own LoadTracker."""
+
+    def __init__(self, ingress: "RegionIngressImpl"):
+        self._ing = ingress
+
+    def _tracker(self):
+        p = self._ing.router.local.policy() if hasattr(self._ing, "router") else None
+        return p.tracker if p is not None else None
+
+    @property
+    def available(self):
+        return range(self._ing.local_available())
+
+    def stats(self, target):
+        t = self._tracker()
+        return t.stats(target) if t is not None else None
+
+    def unseen(self, target):
+        t = self._tracker()
+        return t.unseen(target) if t is not None else 0
+
+    def outstanding(self, target):
+        t = self._tracker()
+        return t.outstanding(target) if t is not None else 0
+
+
+class _SlotWaitCostSelector(CostSelector):
+    """The ``cost`` selector with one Serve-side addition to the cost of *staying*: the wait for a
+    local engine slot.
+
+    The selector runs only when no local replica is available, i.e. every local engine is at its
+    admission limit (SP-P) -- so a held request cannot start before a running one finishes.
+    :class:`~ray_geolb.policy.remote.CostSelector` prices staying by prefill work only
+    (``t_p`` x tokens queued ahead, plus the batch slowdown): with the replicas' waiting queues empty
+    (SP-P holds requests at the LB, not in the engine) the head of the queue then looks almost free
+    to keep, although in a decode-bound engine (few, long-running sequences) it waits a whole
+    request's decode time for a slot. Measured in Serve (3 regions, 2 slots per replica, 40-token
+    decodes of ~0.35 s, RTT 10-17 ms): stay was priced at 25-40 ms against 33-47 ms for a forward,
+    so a burst was held (and refused with 429 past ``max_queue``) while both peers were idle.
+
+    Added term: ``q_hat x (ahead + 1) / drain_rate`` where ``drain_rate`` is the measured rate at
+    which this region's local requests finish (completions per second over ``drain_window_s``; while
+    saturated, the rate at which slots free) and ``ahead`` the requests waiting before this one at
+    this LB. Unknown rate (too few completions yet): no term, the selector as in the simulator.
+    ``IngressConfig.stay_slot_wait=False`` turns it off. (The simulator's selector does not have
+    this term; it belongs in ``policy/remote.py`` for both, which this package's owner decides.)
+    """
+
+    def __init__(self, config, ingress: "RegionIngressImpl"):
+        super().__init__(config)
+        self._ing = ingress
+        self.last_slot_wait_s = 0.0
+
+    def local_cost(self, router, req, now, shared=True):
+        c = super().local_cost(router, req, now, shared)
+        if c is None:
+            return None
+        w = self._ing.slot_wait_s(router.queue_len) if self._ing.local_available() <= 0 else 0.0
+        self.last_slot_wait_s = w
+        return c + self.config.q_hat * w
 
 
 def _now() -> float:
@@ -278,10 +384,15 @@ class RegionIngressImpl:
         self.model_deployment = getattr(model, "deployment_name", None)
         self.latency = LatencyInjector.from_spec(cfg.latency)
         self.router = RegionRouter(cfg.two_layer_config(), _LocalView(self), clock=_now)
+        if self.router.selector is not None and cfg.stay_slot_wait:
+            self.router.selector = _SlotWaitCostSelector(self.router.config.cost, self)
         for peer in cfg.peers:  # known but unheard: unavailable until a heartbeat says otherwise
             self.router.update_peer(PeerState(peer, 0, 0, float("-inf")))
         self._peer_handles: Dict[str, Any] = {}
         self._queue: deque = deque()
+        self._queue_tokens: Dict[asyncio.Event, int] = {}  # prompt tokens of each waiting request
+        self.decisions: Dict[str, int] = {}  # non-local region-layer decisions by kind:reason
+        self._local_done_at: deque = deque(maxlen=512)  # when local requests left their replica
         self._local_unrouted: set = set()
         self._rtt: Dict[str, float] = {}
         self._snapshot_dirty = False
@@ -290,7 +401,7 @@ class RegionIngressImpl:
         self._snapshot_loaded = False
         self.counters = {k: 0 for k in ("requests", "local", "forwarded_out", "forwarded_in", "held",
                                         "queue_full", "wait_timeout", "rejected", "errors", "forward_failures",
-                                        "bad_requests")}
+                                        "bad_requests", "decide_errors")}
         try:
             ctx = serve.get_replica_context()
             self.source = f"{self.region}/{ctx.replica_id.unique_id}"
@@ -339,10 +450,83 @@ class RegionIngressImpl:
                 pass
         return q
 
+    def _router_queued_tokens(self) -> float:
+        r = self._geo_router() if self.cfg.local_availability == "router" else None
+        if r is None:
+            return 0.0
+        try:
+            return float(r.queued_tokens())
+        except Exception:  # noqa: BLE001 - a view; never fail on it
+            return 0.0
+
+    def _lb_queued_tokens(self) -> float:
+        """Prompt tokens waiting at this LB: this ingress's queue + the GeoPrefixRouter's queue."""
+        return float(sum(self._queue_tokens.values())) + self._router_queued_tokens()
+
+    def _set_queue_ahead(self, ev: Optional[asyncio.Event]) -> None:
+        """Tell the region layer what waits at this LB *ahead of* the request being decided (its
+        ``Q_lb``): the router's queue (already sent to the model handle) and the requests before it in
+        this ingress's FCFS queue (``ev`` None: a newcomer, behind all of them). The simulator does the
+        same with its single LB queue (nothing ahead of its head)."""
+        n, tok = 0, 0.0
+        for e in self._queue:
+            if e is ev:
+                break
+            n += 1
+            tok += self._queue_tokens.get(e, 0)
+        r = self._geo_router() if self.cfg.local_availability == "router" else None
+        if r is not None:
+            try:
+                n += r.queue_len()
+            except Exception:  # noqa: BLE001
+                pass
+        self.router.set_queue(n, tok + self._router_queued_tokens())
+
+    def _decide(self, rreq: RouteRequest, ev: Optional[asyncio.Event] = None):
+        """``RegionRouter.decide`` with this LB's queue ahead set. The local policy is read live from
+        the router's thread: a read racing a mutation raises (e.g. a dict resized during iteration),
+        so retry; if it keeps failing, decide by local availability alone (never fail the request
+        on the region layer's estimate)."""
+        err = None
+        for _ in range(3):
+            try:
+                if self.router.selector is not None:
+                    self._set_queue_ahead(ev)
+                d = self.router.decide(rreq, _now())
+                if d.kind != "local":
+                    k = f"{d.kind}:{d.reason}"
+                    self.decisions[k] = self.decisions.get(k, 0) + 1
+                return d
+            except Exception as e:  # noqa: BLE001
+                err = e
+        self.counters["decide_errors"] += 1
+        logger.warning("region %s: decide failed 3 times (%r); deciding by local availability", self.region, err)
+        if self.local_available() > 0:
+            return RegionDecision("local", None, 0, "local_available")
+        return RegionDecision("hold", reason="decide_error")
+
+    def heartbeat_extra(self) -> dict:
+        """This region's cost-selector inputs for its peers, as the simulator's ``RegionRouter.heartbeat``
+        computes them over the live local policy: ``replicas``, ``inflight`` (this router's requests in
+        flight), ``t_p_s`` (the pooled t_p, floor applied) and ``queued_tokens`` (this LB's queue).
+        Empty until the GeoPrefixRouter exists (nothing to report)."""
+        if self.router.local.policy() is None:
+            return {}
+        sel = self.router.selector or CostSelector()
+        for _ in range(3):
+            try:
+                return sel.heartbeat_extra(self.router, self._lb_queued_tokens())
+            except Exception:  # noqa: BLE001 - a racing read: try again, else send none this time
+                continue
+        return {}
+
     # ------------------------------------------------------------ registry
     def _heartbeat(self) -> dict:
         hb = {"region": self.region, "source": self.source, "available_replicas": self.local_available(),
               "queue_len": self._lb_queue_len(), "rtts": dict(self._rtt)}
+        extra = self.heartbeat_extra()
+        if extra:
+            hb["extra"] = extra
         now = _now()
         if self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s:
             self._snapshot_version += 1
@@ -408,6 +592,29 @@ class RegionIngressImpl:
         return h
 
     # ------------------------------------------------------------ admission (FCFS hold queue)
+    def _local_done(self) -> None:
+        """A local request left its replica (done, failed or cancelled): a slot freed."""
+        self._local_done_at.append(_now())
+        self._kick()
+
+    def local_drain_rate(self, now: Optional[float] = None) -> Optional[float]:
+        """Local requests finishing per second over the last ``cfg.drain_window_s`` (None: fewer than
+        ``drain_min_samples`` completions in the window). While the region is saturated this is the
+        rate at which its engine slots free up."""
+        now = _now() if now is None else now
+        lo = now - self.cfg.drain_window_s
+        ts = [t for t in self._local_done_at if t >= lo]
+        if len(ts) < self.cfg.drain_min_samples:
+            return None
+        span = max(now - ts[0], 1e-3)
+        return len(ts) / span
+
+    def slot_wait_s(self, ahead: int, now: Optional[float] = None) -> float:
+        """Expected wait for a local engine slot of a request with ``ahead`` requests before it at
+        this LB, when no local replica is available: ``(ahead + 1) / drain rate`` (0 if unknown)."""
+        rate = self.local_drain_rate(now)
+        return 0.0 if not rate else (max(0, ahead) + 1) / rate
+
     def _kick(self) -> None:
         if self._queue:
             self._queue[0].set()
@@ -422,7 +629,7 @@ class RegionIngressImpl:
         max_wait = cfg.max_wait_s if max_wait_s is None else min(cfg.max_wait_s, max_wait_s)
         t0 = _now()
         reason = "queued behind earlier requests"
-        d = self.router.decide(rreq, t0)
+        d = self._decide(rreq)
         # Strict FCFS for local capacity: behind waiting requests a newcomer may not take a local
         # replica -- but it may be forwarded (a peer's capacity is not what the queue waits for).
         if d.kind != "hold" and (not self._queue or d.kind != "local"):
@@ -437,13 +644,14 @@ class RegionIngressImpl:
         self.counters["held"] += 1
         ev = asyncio.Event()
         self._queue.append(ev)
+        self._queue_tokens[ev] = rreq.prompt_tokens
         deadline = t0 + max_wait
         first = True
         try:
             while True:
                 head = self._queue[0] is ev
                 if not first:
-                    d = self.router.decide(rreq, _now())
+                    d = self._decide(rreq, ev)
                     if d.kind != "hold" and (head or d.kind != "local"):
                         return d
                     if d.kind == "hold":
@@ -464,6 +672,7 @@ class RegionIngressImpl:
                     pass
         finally:
             was_head = self._queue and self._queue[0] is ev
+            self._queue_tokens.pop(ev, None)
             try:
                 self._queue.remove(ev)
             except ValueError:
@@ -546,7 +755,7 @@ class RegionIngressImpl:
                 raise
             finally:
                 self._local_unrouted.discard(request_id)
-                self._kick()
+                self._local_done()
             return self._local_meta(request_id, d, wait_ms, hops, origin, res), res
         gen = self.model.options(stream=True).generate.remote(body, max_tokens=max_tokens)
         try:
@@ -555,7 +764,7 @@ class RegionIngressImpl:
             first = None
         except Exception as e:
             self._local_unrouted.discard(request_id)
-            self._kick()
+            self._local_done()
             err = _as_http_error(e, self.region)
             if err is not None:
                 raise err from None
@@ -575,7 +784,7 @@ class RegionIngressImpl:
                     gen.cancel()
                 except Exception:  # noqa: BLE001
                     pass
-                self._kick()
+                self._local_done()
 
         return meta, tokens()
 
@@ -676,7 +885,13 @@ class RegionIngressImpl:
             age = now - ps.timestamp
             peers[r] = {"available_replicas": ps.available_replicas, "queue_len": ps.queue_len,
                         "age_s": None if math.isinf(age) else round(age, 3),
-                        "rtt_ms": None if ps.rtt_s is None else round(ps.rtt_s * 1000, 2)}
+                        "rtt_ms": None if ps.rtt_s is None else round(ps.rtt_s * 1000, 2),
+                        "extra": {k: v for k, v in (ps.extra or {}).items()
+                                  if isinstance(v, (int, float)) and math.isfinite(v)}}
+        sel = self.router.selector
+        costs = None
+        if sel is not None:
+            costs = {("stay" if k is None else k): (v if math.isfinite(v) else None) for k, v in sel.last_costs.items()}
         return {
             "region": self.region,
             "source": self.source,
@@ -687,10 +902,15 @@ class RegionIngressImpl:
             "available_peers": sorted(self.router.available_peers(now)),
             "peers": peers,
             "measured_rtt_ms": {p: round(v * 1000, 2) for p, v in self._rtt.items()},
+            "remote": self.router.config.remote,
+            "lb_queued_tokens": self._lb_queued_tokens(),
+            "heartbeat_extra": self.heartbeat_extra(),
+            "last_costs_s": costs,  # the 'cost' selector's last comparison (stay = hold here)
             "snapshot_nodes": self.router.snapshot.num_nodes,
             "snapshot_loaded_from_registry": self._snapshot_loaded,
             "registry": None if self.registry is None else self.registry.status(),
             "counters": dict(self.counters),
+            "decisions": dict(self.decisions),
             "config": self.cfg.model_dump(),
         }
 

@@ -5,6 +5,10 @@
 * **availability** -- available replicas, LB queue length, and when it was last heard, aggregated
   over the region's ingress replicas (``source``): available = max over fresh sources (they watch
   the same replicas), queue = sum over fresh sources;
+* **heartbeat extras** -- the numbers the region layer's ``cost`` selector prices a peer by
+  (``queued_tokens``, ``inflight``, ``t_p_s``, ``replicas``; validated: at most 16 finite numbers
+  >= 0), aggregated the same way (queued tokens and in-flight summed, replicas max, others mean)
+  and relayed to every peer as ``PeerState.extra``;
 * **measured RTTs** -- ``rtts[src][dst]`` in seconds, as each ingress measured them (EWMA of pings);
 * **regional snapshots** -- what the region forwarded to each peer, as ``PrefixIndex.snapshot()``
   dicts, trimmed to ``max_snapshot_nodes`` (most recently used nodes kept, parents before children),
@@ -51,6 +55,44 @@ __all__ = [
 
 DEFAULT_NAME = "geolb_registry"
 DEFAULT_NAMESPACE = "geolb"
+
+
+#: heartbeat ``extra`` limits: keys per region, key length
+MAX_EXTRA_KEYS = 16
+MAX_EXTRA_KEY_LEN = 64
+#: how a numeric extra is combined over a region's fresh sources (ingress replicas); others: mean.
+#: Each ingress replica has its own router (its own queue and in-flight requests) over the same
+#: replicas: queues and in-flight counts add up, the replica count does not.
+EXTRA_AGG = {"queued_tokens": "sum", "inflight": "sum", "replicas": "max"}
+
+
+def validate_extra(extra, what: str = "heartbeat.extra") -> Dict[str, float]:
+    """A heartbeat's ``extra``: ``{name: finite number >= 0}``, at most :data:`MAX_EXTRA_KEYS` names of
+    at most :data:`MAX_EXTRA_KEY_LEN` characters. Raises ValueError naming the problem."""
+    if extra is None:
+        return {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"{what} must be a dict {{name: number}}, got {type(extra).__name__}")
+    if len(extra) > MAX_EXTRA_KEYS:
+        raise ValueError(f"{what} has {len(extra)} fields; at most {MAX_EXTRA_KEYS}")
+    out = {}
+    for k, v in extra.items():
+        if not isinstance(k, str) or not k or len(k) > MAX_EXTRA_KEY_LEN:
+            raise ValueError(f"{what}: field names must be strings of 1-{MAX_EXTRA_KEY_LEN} characters, got {k!r}")
+        out[k] = _finite_nonneg(v, f"{what}[{k!r}]")
+    return out
+
+
+def _aggregate_extra(extras: List[Dict[str, float]]) -> Dict[str, float]:
+    keys = set()
+    for e in extras:
+        keys.update(e)
+    out = {}
+    for k in sorted(keys):
+        vals = [e[k] for e in extras if k in e]
+        how = EXTRA_AGG.get(k, "mean")
+        out[k] = sum(vals) if how == "sum" else max(vals) if how == "max" else sum(vals) / len(vals)
+    return out
 
 
 def _finite_nonneg(x, what):
@@ -120,7 +162,9 @@ class RegistryState:
         """Apply a batch of heartbeats; return the table (so one call both reports and reads).
 
         An item: ``{"region", "source", "available_replicas", "queue_len"}`` plus optional
-        ``"rtts": {peer: seconds}`` and ``"snapshot": PrefixIndex.snapshot()`` (+ ``"snapshot_version"``).
+        ``"rtts": {peer: seconds}``, ``"extra": {name: number >= 0}`` (the region layer's cost inputs:
+        queued_tokens, inflight, t_p_s, replicas; see :func:`validate_extra`) and
+        ``"snapshot": PrefixIndex.snapshot()`` (+ ``"snapshot_version"``).
         A malformed item is skipped (and counted in ``errors``); the rest of the batch still applies.
         """
         now = self._clock()
@@ -157,6 +201,7 @@ class RegistryState:
             raise ValueError("heartbeat.rtts must be a dict {peer: seconds}")
         clean_rtts = {peer: float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
                       for peer, v in rtts.items() if isinstance(peer, str) and peer != region}
+        extra = validate_extra(item.get("extra"))
         snap = item.get("snapshot")
         if snap is not None:
             snap = trim_snapshot(snap, self.max_snapshot_nodes)  # validates
@@ -167,7 +212,7 @@ class RegistryState:
         srcs = self._sources.setdefault(region, {})
         if source not in srcs and len(srcs) >= self.max_sources:
             del srcs[min(srcs, key=lambda s: srcs[s]["t"])]
-        srcs[source] = {"available_replicas": avail, "queue_len": qlen, "t": now}
+        srcs[source] = {"available_replicas": avail, "queue_len": qlen, "t": now, "extra": extra}
         if clean_rtts:
             mine = self._rtts.setdefault(region, {})
             mine.update(clean_rtts)
@@ -208,6 +253,9 @@ class RegistryState:
                 "age_s": max(0.0, now - max(v["t"] for v in fresh)),
                 "sources": len(srcs),
             }
+            extras = [v["extra"] for v in fresh if v.get("extra")]
+            if extras:
+                regions[region]["extra"] = _aggregate_extra(extras)
         return {
             "regions": regions,
             "rtts": {r: dict(m) for r, m in self._rtts.items()},
@@ -456,7 +504,18 @@ def peer_states_from_table(table: dict, received_at: float, own_region: str):
         rtt = mine.get(region)
         if rtt is None:
             rtt = rtts.get(region, {}).get(own_region)
+        extra = {"sources": e.get("sources", 0)}
+        ex = e.get("extra")
+        if ex:
+            try:
+                ex = validate_extra(ex, f"registry table regions[{region!r}].extra")
+            except ValueError as err:  # a registry of another version: use the rest of the entry
+                logger.warning("ignoring %s", err)
+                ex = {}
+            if isinstance(ex.get("replicas"), float) and ex["replicas"].is_integer():
+                ex["replicas"] = int(ex["replicas"])  # the cost selector reads it as a count
+            extra.update(ex)
         out.append(PeerState(region=region, available_replicas=int(e["available_replicas"]),
                              queue_len=int(e["queue_len"]), timestamp=received_at - float(e["age_s"]),
-                             rtt_s=rtt, extra={"sources": e.get("sources", 0)}))
+                             rtt_s=rtt, extra=extra))
     return out

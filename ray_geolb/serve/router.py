@@ -70,7 +70,7 @@ __all__ = ["GeoPrefixRouter", "DEFAULT_POLICY", "extract_prompt_text"]
 logger = logging.getLogger("ray.serve")
 
 #: The policy a GeoPrefixRouter uses when ``request_router_kwargs`` names none.
-DEFAULT_POLICY = "skylb"
+DEFAULT_POLICY = "geoprefix"
 DECISION_LOG_SIZE = 10_000
 _ERROR_LOG_INTERVAL_S = 10.0
 
@@ -191,7 +191,7 @@ class GeoPrefixRouter(RequestRouter):
         self._suppressed_errs = 0
         self.counters: Dict[str, int] = {
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
-            "queue_full": 0, "wait_timeout": 0, "bad_stats": 0,
+            "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0,
         }
         dep = getattr(self, "_deployment_id", None)
         key = (getattr(dep, "app_name", ""), getattr(dep, "name", ""))
@@ -222,6 +222,18 @@ class GeoPrefixRouter(RequestRouter):
 
     def num_available(self) -> int:
         return len(self.policy.tracker.available)
+
+    def queued_tokens(self) -> float:
+        """Prompt tokens of the requests waiting in this router: held ones by their size, those Ray
+        has not handed to ``choose_replicas`` yet at the policy's mean prompt length (the region
+        layer's ``Q_lb``). Safe to call from another thread (a copy of the held queue is summed)."""
+        held = list(self._held.values())
+        tok = float(sum(e.req.prompt_tokens for e in held))
+        rest = self.queue_len() - len(held)
+        if rest > 0:
+            mean = getattr(self.policy, "mean_prompt_tokens", None)
+            tok += rest * float(mean or self.policy.tracker.request_tokens)
+        return tok
 
     def heartbeat_info(self) -> dict:
         return {
@@ -278,7 +290,13 @@ class GeoPrefixRouter(RequestRouter):
                 continue
             self._last_stats[uid] = st
             try:
-                self.policy.on_stats(uid, ReplicaStats.from_dict(st, default_timestamp=now))
+                rs = ReplicaStats.from_dict(st, default_timestamp=now)
+                self.policy.on_stats(uid, rs)
+                if rs.ttft_samples:  # TTFTs the replica measured since its previous report
+                    observe = self.policy.observe_ttft
+                    for x, y in rs.ttft_samples:
+                        observe(uid, x, y)
+                    self.counters["ttft_samples"] += len(rs.ttft_samples)
             except Exception as e:  # a bad report must not break routing
                 self.counters["bad_stats"] += 1
                 self._log_error(f"bad routing_stats from {uid}: {e!r}")

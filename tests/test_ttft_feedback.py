@@ -1,0 +1,328 @@
+"""TTFT feedback and heartbeat extras without a Ray cluster: ReplicaStats.ttft_samples parsing,
+Policy.observe_ttft, GeoPrefixRouter feeding reported samples to its policy, the emulated engine's
+samples, and the ingress's live local view under the region layer's cost selector."""
+
+import asyncio
+import math
+import random
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
+from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
+from ray_geolb.policy.remote import GEOPREFIX_COST
+from ray_geolb.policy.ttft_model import POOLED
+from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+def test_ttft_samples_parse_and_default():
+    s = ReplicaStats.from_dict({"num_waiting": 0, "ttft_samples": [[100, 0.05], (2000, 0.3)]})
+    assert s.ttft_samples == ((100.0, 0.05), (2000.0, 0.3))
+    assert ReplicaStats.from_dict({"num_waiting": 1}).ttft_samples is None
+    assert ReplicaStats.from_dict({"ttft_samples": []}).ttft_samples is None
+    assert ReplicaStats.from_dict({"ttft_samples": None}).ttft_samples is None
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ("1,2", "list of"),
+    ({"a": 1}, "list of"),
+    ([[1, 2, 3]], r"ttft_samples\[0\] must be an"),
+    ([[1, 0.1], [5]], r"ttft_samples\[1\] must be an"),
+    ([[-1, 0.1]], "uncached tokens"),
+    ([[10, -0.1]], "ttft_s"),
+    ([[10, float("nan")]], "finite"),
+    ([[10, float("inf")]], "finite"),
+    ([[True, 0.1]], "must be a number"),
+    ([["10", 0.1]], "must be a number"),
+    ([[10, 0.1]] * (MAX_TTFT_SAMPLES + 1), "at most"),
+])
+def test_bad_ttft_samples_are_a_clear_error(bad, needle):
+    with pytest.raises(ValueError, match=needle):
+        ReplicaStats.from_dict({"num_waiting": 0, "ttft_samples": bad})
+
+
+# ---------------------------------------------------------------------------------------------- policies
+def test_base_policy_ignores_samples_cost_policy_learns_t_p():
+    sky = build_policy("skylb", targets=["a"])
+    sky.observe_ttft("a", 1000, 0.5)  # no TTFT model: a no-op, no error
+    geo = build_policy("geoprefix", targets=["a", "b"])
+    prior = geo.config.ttft.prior_tp_s
+    assert geo.pooled_t_p() == pytest.approx(prior) and geo.ttft.line()[2] == "prior"
+    rate, base = 3e-4, 0.04  # faster than the prior floor? no: slower, so the floored value moves
+    rng = random.Random(0)
+    for i in range(40):
+        x = rng.randint(100, 4000)
+        geo.observe_ttft("a" if i % 2 else "b", x, base + rate * x)
+    geo.observe_ttft("gone", 1000, 99.0)  # not a target: ignored
+    assert geo.ttft.samples(POOLED) == 40
+    assert geo.pooled_t_p() == pytest.approx(rate, rel=1e-6)
+    assert geo.ttft.line()[0] == pytest.approx(base, rel=1e-6)
+
+
+def test_simulator_path_still_learns_from_on_complete():
+    """observe_ttft is additive: the simulator's on_complete(..., ttft_s=) path is unchanged."""
+    geo = build_policy("gorgo", targets=["a"])
+    for i in range(12):
+        req = RouteRequest(request_id=f"r{i}", text=f"{i} " + "x" * (400 * (i + 1)))  # no shared prefix
+        geo.on_dispatch(req, "a", float(i))
+        geo.on_complete(req.request_id, "a", float(i) + 1, ttft_s=0.01 + 1e-3 * req.prompt_tokens, req=req)
+    assert geo.ttft.samples("a") == 12 and geo.ttft.t_p() == pytest.approx(1e-3, rel=0.02)
+
+
+# ---------------------------------------------------------------------------------------------- router feed
+class _NoRayRouter:
+    @staticmethod
+    def make(**kw):
+        from ray_geolb.serve.router import GeoPrefixRouter
+
+        class _R(GeoPrefixRouter):
+            def __init__(self):  # no Ray: initialize_state only
+                self._deployment_id = None
+
+        r = _R()
+        r.initialize_state(**kw)
+        return r
+
+
+def _rep(uid, stats, region=None):
+    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid), replica_metadata={"region": region},
+                           routing_stats=stats)
+
+
+def test_router_feeds_reported_samples_once_per_report():
+    from ray_geolb.serve.router import DEFAULT_POLICY
+
+    r = _NoRayRouter.make()
+    assert r.policy.name == DEFAULT_POLICY == "geoprefix"
+    base = {"num_waiting": 0, "num_running": 0, "max_num_seqs": 8}
+    s1 = {**base, "timestamp": 1.0, "ttft_samples": [[100 * k, 0.02 + 2e-4 * 100 * k] for k in range(1, 11)]}
+    reps = [_rep("a", s1), _rep("b", {**base, "timestamp": 1.0})]
+    r._sync(reps)
+    assert r.counters["ttft_samples"] == 10 and r.policy.ttft.samples("a") == 10
+    r._sync(reps)  # the same report broadcast again (same timestamp): not fed twice
+    r._sync([_rep("a", dict(s1)), reps[1]])  # an equal copy (same timestamp) neither
+    assert r.policy.ttft.samples(POOLED) == 10
+    assert r.policy.pooled_t_p() == pytest.approx(2e-4, rel=1e-6)
+    # a bad report is rejected whole (counted as bad_stats) and routing state is untouched
+    r._sync([_rep("a", {**base, "timestamp": 2.0, "ttft_samples": [[1, -5]]}), reps[1]])
+    assert r.counters["bad_stats"] == 1 and r.policy.ttft.samples(POOLED) == 10
+    assert r.policy.tracker.stats("a").timestamp == 1.0
+    # a replica of another region: its samples are not this router's
+    r2 = _NoRayRouter.make(region="us")
+    r2._sync([_rep("x", s1, region="eu"), _rep("y", {**base, "timestamp": 1.0}, region="us")])
+    assert r2.policy.ttft.samples(POOLED) == 0 and r2.local_replica_ids() == ["y"]
+
+
+def test_router_queued_tokens_view():
+    r = _NoRayRouter.make()
+    assert r.queued_tokens() == 0.0
+    from ray_geolb.serve.router import _Entry
+
+    for i, n in enumerate((100, 300)):
+        req = RouteRequest(request_id=f"h{i}", text="y" * 4 * n)
+        r._held[req.request_id] = _Entry(req, None, 0.0)
+    r._pending_requests_by_id = {"h0": 1, "h1": 1, "unseen": 1}  # Ray's pending queue: one not yet seen
+    assert r.queued_tokens() == pytest.approx(400 + r.policy.mean_prompt_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- emulated engine
+def test_emulated_engine_reports_wall_clock_ttft_samples_since_last_report():
+    from ray_geolb.serve.llm_server import TTFT_SAMPLES_PER_REPORT, EmulatedEngine
+    from ray_geolb.sim.profiles import get_profile
+
+    scale = 0.5
+    eng = EmulatedEngine(time_scale=scale, output_tokens=1)
+    prof = get_profile("llama3.1-8b-h100")
+
+    async def run():
+        out = []
+        text = "the same long prefix " * 200
+        for suffix in ("one", "two"):  # the second shares the first's cached blocks
+            req = eng.make_request(text + suffix, 1, suffix)
+            async for _ in eng.generate(req):
+                pass
+            out.append(req)
+        await eng.driver.close()
+        return out
+
+    reqs = asyncio.run(run())
+    st = eng.stats()
+    samples = st["ttft_samples"]
+    assert len(samples) == 2
+    (x1, y1), (x2, y2) = samples
+    assert x1 == reqs[0].prompt_tokens  # nothing cached yet
+    B = eng.model.config.block_tokens
+    assert x2 == reqs[1].prompt_tokens - ((reqs[1].prompt_tokens - 1) // B) * B  # all but the last block hit
+    # wall clock = engine seconds x time_scale (batch size 1: overhead + one prefill step)
+    expect1 = scale * (prof.ttft_overhead_s + prof.step_time(x1, 0, x1))
+    assert y1 == pytest.approx(expect1, rel=0.25, abs=0.01)
+    assert y2 < y1
+    assert "ttft_samples" not in eng.stats()  # drained: only samples since the previous report
+    assert TTFT_SAMPLES_PER_REPORT >= 64
+    ReplicaStats.from_dict(st)  # what the router parses
+
+
+# ---------------------------------------------------------------------------------------------- ingress view
+def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote="cost"):
+    from ray_geolb.serve.ingress import IngressConfig, RegionIngressImpl, _LocalView
+
+    ing = RegionIngressImpl.__new__(RegionIngressImpl)
+    ing.cfg = IngressConfig(region="us", peers={"eu": "geolb-eu", "asia": "geolb-asia"}, registry=None,
+                            two_layer={"remote": remote, "cost": dict(GEOPREFIX_COST)})
+    ing.region = "us"
+    ing._queue = __import__("collections").deque()
+    ing._queue_tokens = {}
+    ing._local_unrouted = set()
+    ing.counters = {"decide_errors": 0}
+    ing.decisions = {}
+    ing._local_done_at = __import__("collections").deque(maxlen=512)
+    fake = SimpleNamespace(policy=policy, num_available=lambda: available, queue_len=lambda: router_queue,
+                           queued_tokens=lambda: router_tokens, decision=lambda rid: None)
+    ing._geo_router = lambda: fake
+    ing.router = RegionRouter(ing.cfg.two_layer_config(), _LocalView(ing))
+    return ing
+
+
+def _busy_geoprefix(n_inflight=4):
+    geo = build_policy("geoprefix", targets=["r1", "r2"])
+    for t in ("r1", "r2"):
+        geo.on_stats(t, ReplicaStats(num_waiting=2, num_running=4, timestamp=0.0, max_num_seqs=4))
+    for i in range(n_inflight):
+        req = RouteRequest(request_id=f"inf{i}", text=f"in flight {i} " * 200)
+        geo.on_dispatch(req, "r1" if i % 2 else "r2", 1.0)
+    for i in range(10):
+        geo.observe_ttft("r1", 200 * (i + 1), 0.05 + 2e-4 * 200 * (i + 1))
+    return geo
+
+
+def test_local_view_is_the_live_policy_and_prices_staying_like_the_simulator():
+    geo = _busy_geoprefix()
+    ing = _fake_ingress(geo, available=0, router_queue=3, router_tokens=900.0)
+    view = ing.router.local
+    assert view.targets is geo.targets and view.ttft is geo.ttft and view.index is geo.index
+    assert view.pooled_t_p() == geo.pooled_t_p() == pytest.approx(2e-4)
+    assert view.tracker.outstanding("r1") == 2 and view.tracker.stats("r1").num_waiting == 2
+    # the simulator's RegionRouter over the real policy, with the same LB queue ahead, prices staying alike
+    sim = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=dict(GEOPREFIX_COST)), geo)
+    sim.set_queue(3, 900.0)
+    ing._set_queue_ahead(None)
+    assert (ing.router.queue_len, ing.router.queued_tokens) == (3, 900.0)
+    req = RouteRequest(request_id="q", text="a new question " * 150)
+    now = 5.0
+    assert ing.router.selector.local_cost(ing.router, req, now) == pytest.approx(sim.selector.local_cost(sim, req, now))
+    # heartbeat extras: what the simulator's RegionRouter.heartbeat sends, queue = ingress + router queue
+    ing._queue.append(asyncio.Event())
+    ing._queue_tokens[ing._queue[0]] = 250
+    ex = ing.heartbeat_extra()
+    assert ex == sim.heartbeat(4, now, queued_tokens=1150.0).extra
+    assert ex["replicas"] == 2 and ex["inflight"] == 4 and ex["t_p_s"] == pytest.approx(2e-4)
+    assert ex["queued_tokens"] == 1150.0
+
+
+def test_saturated_region_forwards_by_relayed_extras():
+    """A saturated us (no available replica) with peers whose heartbeats went through the registry:
+    eu is nearer and reports an empty LB queue and a free replica, but runs a large batch (what SP-P
+    availability cannot see); asia is idle. The cost selector, fed the relayed extras, prices eu's
+    batch and forwards to asia; without the extras it would pick the nearer eu."""
+    from ray_geolb.serve.registry import RegistryState, peer_states_from_table
+
+    reg = RegistryState()
+    table = reg.heartbeat_batch([
+        {"region": "eu", "available_replicas": 1, "queue_len": 0, "source": "eu-a",
+         "extra": {"queued_tokens": 0.0, "inflight": 4, "t_p_s": 2e-4, "replicas": 1}},
+        {"region": "eu", "available_replicas": 1, "queue_len": 0, "source": "eu-b",  # a 2nd ingress replica
+         "extra": {"queued_tokens": 0.0, "inflight": 2, "t_p_s": 2e-4, "replicas": 1}},
+        {"region": "asia", "available_replicas": 2, "queue_len": 0,
+         "extra": {"queued_tokens": 0.0, "inflight": 0, "t_p_s": 2e-4, "replicas": 2}},
+        {"region": "us", "available_replicas": 0, "queue_len": 6},
+    ])
+    assert table["regions"]["eu"]["extra"] == {"queued_tokens": 0.0, "inflight": 6, "t_p_s": 2e-4, "replicas": 1}
+    now = time.monotonic()  # the ingress's clock (ingress._now)
+
+    def region(with_extras):
+        ing = _fake_ingress(_busy_geoprefix(), available=0, router_queue=6, router_tokens=6000.0)
+        for ps in peer_states_from_table(table, now, "us"):
+            if not with_extras:
+                ps.extra = {"sources": ps.extra["sources"]}
+            ing.router.update_peer(ps)
+        ing.router.observe_rtt("eu", 0.05)
+        ing.router.observe_rtt("asia", 0.15)
+        return ing
+
+    ing = region(True)
+    assert ing.router.peers["eu"].extra["inflight"] == 6 and ing.router.peers["asia"].extra["replicas"] == 2
+    d = ing._decide(RouteRequest(request_id="n", text="please route me " * 100))
+    costs = ing.router.selector.last_costs
+    assert d.kind == "forward" and d.target == "asia", (d, costs)
+    assert costs["asia"] < costs["eu"] and costs["asia"] < costs[None]
+    bare = region(False)
+    d = bare._decide(RouteRequest(request_id="m", text="please route me " * 100))
+    assert d.kind == "forward" and d.target == "eu", (d, bare.router.selector.last_costs)
+
+
+def test_decide_retries_a_racing_read_then_degrades():
+    ing = _fake_ingress(_busy_geoprefix(), available=1)
+    calls = {"n": 0}
+    real = ing.router.decide
+
+    def flaky(req, now, candidates=None):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return real(req, now)
+
+    ing.router.decide = flaky
+    assert ing._decide(RouteRequest(request_id="z", text="hi " * 10)).kind == "local" and calls["n"] == 2
+    ing.router.decide = lambda *a: (_ for _ in ()).throw(RuntimeError("always"))
+    d = ing._decide(RouteRequest(request_id="z2", text="hi " * 10))
+    assert d.kind == "local" and d.reason == "local_available" and ing.counters["decide_errors"] == 1
+
+
+def test_local_view_without_router_or_with_skylb():
+    from ray_geolb.policy.remote import CostSelector
+
+    ing = _fake_ingress(None, available=1)
+    ing._geo_router = lambda: None
+    assert ing.router.local.targets == [] and ing.heartbeat_extra() == {}
+    assert not hasattr(ing.router.local, "pooled_t_p") and getattr(ing.router.local, "index", None) is None
+    sky = build_policy("skylb", targets=["r1"])
+    ing2 = _fake_ingress(sky, available=1)
+    assert not hasattr(ing2.router.local, "pooled_t_p") and ing2.router.local.index is sky.index
+    ex = ing2.heartbeat_extra()  # the selector's own prior t_p, as RegionRouter.heartbeat does in the simulator
+    assert ex["t_p_s"] == CostSelector().ttft.config.prior_tp_s and ex["replicas"] == 1
+    assert math.isfinite(ex["queued_tokens"])
+
+
+def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
+    """Saturated us (no available replica), busy-ish peers 40-50 ms away: by prefill work alone staying
+    looks cheaper; once the region has measured how fast its slots free up (2.5 completions/s), the
+    wait for a slot makes the forward the cheaper option."""
+    from ray_geolb.serve.ingress import _SlotWaitCostSelector
+
+    geo = build_policy("geoprefix", targets=["r1"])
+    geo.on_stats("r1", ReplicaStats(num_waiting=0, num_running=2, timestamp=0.0, max_num_seqs=2))
+    for i in range(2):
+        geo.on_dispatch(RouteRequest(request_id=f"run{i}", text=f"running {i} " * 50), "r1", 0.5)
+    ing = _fake_ingress(geo, available=0)
+    ing.router.selector = sel = _SlotWaitCostSelector(ing.router.config.cost, ing)
+    now = time.monotonic()
+    for r in ("eu", "asia"):
+        ing.router.update_peer(PeerState(r, 1, 0, now, extra={"queued_tokens": 0.0, "inflight": 2, "replicas": 1}))
+    ing.router.observe_rtt("eu", 0.04)
+    ing.router.observe_rtt("asia", 0.05)
+    req = lambda i: RouteRequest(request_id=f"b{i}", text=f"burst user {i} " * 40)  # noqa: E731
+    assert ing.local_drain_rate() is None
+    d = ing._decide(req(0))
+    assert (d.kind, d.reason) == ("hold", "stay_cheaper") and sel.last_slot_wait_s == 0.0, sel.last_costs
+    t = time.monotonic()
+    ing._local_done_at.extend([t - 3.2, t - 2.4, t - 1.6, t - 0.8, t])  # 5 completions in 3.2 s
+    assert ing.local_drain_rate() == pytest.approx(5 / 3.2, rel=0.05)
+    d = ing._decide(req(1))
+    assert d.kind == "forward" and d.target == "eu", sel.last_costs
+    assert sel.last_slot_wait_s == pytest.approx(3.2 / 5, rel=0.05)  # nothing ahead: one slot's wait
+    ing._queue.extend([asyncio.Event(), asyncio.Event()])
+    ing._decide(req(2))
+    assert sel.last_slot_wait_s == pytest.approx(3 * 3.2 / 5, rel=0.05)  # two ahead at this LB
