@@ -358,3 +358,18 @@ def test_property_runs_evict_exactly_like_a_per_entry_lru(ops, queries, budget, 
         assert idx.num_entries == len(ref.e)
     for q in queries + [t for t, _ in ops]:
         assert idx.match(q) == ref.match(q.encode())
+
+
+def test_access_times_agree_with_last_access_at():
+    rng = random.Random(5)
+    idx = PrefixIndex(block_chars=4, growth=0.25)
+    texts_ = ["".join(rng.choices("ab", k=rng.randrange(4, 60))) for _ in range(80)]
+    for i, t in enumerate(texts_):
+        idx.insert(t, f"r{i % 5}", now=float(i))
+    for q in texts_[:30]:
+        m = idx.match(q)
+        want = {t: idx.last_access_at(q, n, t) for t, n in m.items()}
+        assert idx.access_times(q, m) == want
+        assert all(v is not None for v in want.values())
+    assert idx.access_times("zzzzzzzz", {"r0": 4}) == {}
+    assert idx.access_times(texts_[0], {"r0": 3}) == {}  # not a block boundary

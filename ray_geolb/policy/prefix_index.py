@@ -258,6 +258,49 @@ class PrefixIndex:
             i += L
         return None
 
+    def access_times(self, text, lengths: Dict[Hashable, int]) -> Dict[Hashable, float]:
+        """For each ``target: length`` (e.g. what :meth:`match` returned), when ``target`` was last
+        sent the prefix of ``text`` ending at byte ``length`` -- one walk for all targets; targets
+        whose prefix the index does not hold (or not at a block boundary) are left out."""
+        p = self.prepare(text)
+        ends = p.ends
+        want = []
+        for t, length in lengths.items():
+            b = bisect_left(ends, length)
+            if b < len(ends) and ends[b] == length:
+                want.append((b, t))
+        if not want:
+            return {}
+        want.sort(key=lambda bt: bt[0])
+        keys = p.keys
+        runs, tgs = self._runs, self._tg
+        out: Dict[Hashable, float] = {}
+        prev = _ROOT
+        i = 0
+        w = 0
+        nw = len(want)
+        n = len(keys)
+        while w < nw and i < n:
+            h = keys[i]
+            node = runs.get(h)
+            if node is None or node[0] != prev:
+                break
+            rk = node[2]
+            L = len(rk)
+            m = L if keys[i:i + L] == rk else _common(keys, i, rk)
+            tg = tgs[h]
+            while w < nw and want[w][0] < i + m:
+                t = want[w][1]
+                ts = tg.get(t)
+                if ts is not None:
+                    out[t] = ts
+                w += 1
+            if m < L:
+                break
+            prev = rk[-1]
+            i += L
+        return out
+
     # ------------------------------------------------------------------ updates
     def insert(self, text, target: Hashable, now: Optional[float] = None) -> PreparedText:
         """Record that ``text`` was routed to ``target``; evicts LRU entries to stay in budget."""

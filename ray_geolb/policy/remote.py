@@ -89,13 +89,15 @@ def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Opti
 def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, min_match_chars: int,
                     half_life_s: Optional[float], index=None, prepared=None, now: float = 0.0) -> Dict[Hashable, float]:
     """Matched characters → estimated cached tokens (min-length rule, age discount, capped at L)."""
+    floor = max(1, min_match_chars)
+    kept = {t: chars for t, chars in match.items() if chars >= floor}
+    times = index.access_times(prepared, kept) if (half_life_s is not None and index is not None and kept) else {}
     out = {}
-    for t, chars in match.items():
-        if chars < max(1, min_match_chars):
-            continue
+    for t, chars in kept.items():
         w = 1.0
-        if half_life_s is not None and index is not None:
-            age = match_age(index, prepared, t, chars, now)
+        ts = times.get(t)
+        if ts is not None:
+            age = max(0.0, now - ts)  # as match_age
             if age:
                 w = 0.5 ** (age / half_life_s)
         out[t] = min(float(L), chars / chars_per_token) * w

@@ -158,17 +158,33 @@ class CostPolicy(PrefixPolicy):
             if len(rest) > cfg.sample_unmatched:
                 rest = heapq.nsmallest(cfg.sample_unmatched, rest, key=outstanding)
             cands = [t for t in eligible if t in hits] + rest
+        req.cache[("priced", id(self))] = cands
         L = req.prompt_tokens
         pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
         rtt = self.rtt if self._rtt_fn is not None else None
         w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
+        # queued_tokens(t) and outstanding(t), inlined (this loop is the decision's hot path)
+        tstate = self.tracker._t
+        out_of = self.tracker._out
+        work = self.work._by_target
+        mean_prompt = self._mean_prompt
         out = {}
         for t in cands:
             tp = pooled_tp if pooled_tp is not None else self.t_p(t)
             residual = tp * max(0.0, L - hits.get(t, 0.0))
-            c = w_prefill * residual + q_hat * tp * self.queued_tokens(t)
+            st = tstate.get(t)
+            s = st.stats if st is not None else None
+            queued = 0.0
+            items = work.get(t)
+            if items:
+                since = s.timestamp if s is not None else None
+                for it in items.values():
+                    if since is None or it.t > since:
+                        queued += it.uncached_tokens
+            queued = (s.num_waiting * mean_prompt if s is not None else 0.0) + queued
+            c = w_prefill * residual + q_hat * tp * queued
             if w_shared:
-                c += w_shared * residual * outstanding(t)
+                c += w_shared * residual * out_of.get(t, 0)
             if rtt is not None:
                 c += w_rtt * rtt(t, req)
             out[t] = c
@@ -195,8 +211,8 @@ class CostPolicy(PrefixPolicy):
     # ------------------------------------------------------------ events
     def _record(self, req, target, now):
         hits = req.cache.get(("hits", id(self)))
-        if hits is None or target not in hits:
-            hits = self._hits(req, [target], now)
+        if hits is None or (target not in hits and target not in req.cache.get(("priced", id(self)), ())):
+            hits = self._hits(req, [target], now)  # not priced at choice time (e.g. Ray picked another replica)
         uncached = max(0.0, req.prompt_tokens - hits.get(target, 0.0))
         super()._record(req, target, now)
         self.work.add(WorkItem(req.request_id, target, now, req.prompt_tokens, uncached,
