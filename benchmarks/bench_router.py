@@ -1,9 +1,9 @@
-"""Router overhead benchmark on a real local Ray Serve deployment (one run, three routers).
+"""Router overhead benchmark on a real local Ray Serve deployment (one run, four routers).
 
     /work/venv/bin/python benchmarks/bench_router.py [--requests 600] [--concurrency 16] [--replicas 8]
 
-For each router -- GeoPrefixRouter (policy skylb), Ray's PrefixCacheAffinityRouter and Ray's default
-PowerOfTwoChoicesRequestRouter -- it deploys 8 replicas of a light deployment (answers at once),
+For each router -- GeoPrefixRouter with its default policy (GeoPrefix) and with policy skylb, Ray's
+PrefixCacheAffinityRouter and Ray's default PowerOfTwoChoicesRequestRouter -- it deploys 8 replicas of a light deployment (answers at once),
 sends 600 requests at concurrency 16 through a DeploymentHandle from this process (so the router runs
 here), and reports:
 
@@ -11,6 +11,8 @@ here), and reports:
   request), p50 / p99, measured by thin timing subclasses with ``time.perf_counter``;
 * requests/s through the handle;
 * affinity: share of a prompt group's later requests that land on the replica its first went to;
+* warm: share of a group's later requests that land on *a* replica that was already sent that group's
+  system prompt (a prefix-cache hit at a replica whose cache holds it, whichever replica that is);
 * per-replica request counts (spread).
 
 Workload: 32 shared 4,000-character system prompts, each request = one of them + ~28,000 unique
@@ -47,7 +49,7 @@ from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router i
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 
 import ray_geolb.serve as geo_serve
-from ray_geolb.serve.router import GeoPrefixRouter
+from ray_geolb.serve.router import DEFAULT_POLICY, GeoPrefixRouter
 
 
 # ------------------------------------------------------------------ timing subclasses
@@ -88,9 +90,10 @@ def _timed(base, label):
 
 
 TimedGeo = _timed(GeoPrefixRouter, "Geo")
+TimedGeoSky = _timed(GeoPrefixRouter, "GeoSky")
 TimedPrefix = _timed(PrefixCacheAffinityRouter, "Prefix")
 TimedPow2 = _timed(PowerOfTwoChoicesRequestRouter, "Pow2")
-globals().update({c.__name__: c for c in (TimedGeo, TimedPrefix, TimedPow2)})
+globals().update({c.__name__: c for c in (TimedGeo, TimedGeoSky, TimedPrefix, TimedPow2)})
 
 
 # ------------------------------------------------------------------ light deployment
@@ -116,7 +119,9 @@ class Light:
 
 
 ROUTERS = [
-    ("GeoPrefixRouter(skylb)", TimedGeo, "Geo",
+    (f"GeoPrefixRouter({DEFAULT_POLICY})", TimedGeo, "Geo",
+     {"policy": {"name": DEFAULT_POLICY, "availability": {"max_burst": 64}}}),
+    ("GeoPrefixRouter(skylb)", TimedGeoSky, "GeoSky",
      {"policy": {"name": "skylb", "availability": {"max_burst": 64}}}),
     ("PrefixCacheAffinityRouter", TimedPrefix, "Prefix", {}),
     ("PowerOfTwo (default)", TimedPow2, "Pow2", {}),
@@ -185,16 +190,19 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     times_ms = [v * 1e3 for v in geo_serve.PROCESS_STATE[("bench", key)].values()]
     cpu_ms = [v * 1e3 for v in geo_serve.PROCESS_STATE[("bench-cpu", key)].values()]
     first = {}
-    hits = later = 0
+    sent = set()  # (group, replica) pairs seen so far, in send order
+    hits = later = warm_hits = 0
     for (g, _), rep in zip(reqs, replicas):
         if g not in first:
             first[g] = rep
         else:
             later += 1
             hits += rep == first[g]
+            warm_hits += (g, rep) in sent
+        sent.add((g, rep))
     counts = Counter(replicas)
     extra = ""
-    if key == "Geo":
+    if key.startswith("Geo"):
         r = geo_serve.router_for(app, "Light")
         extra = f"held={r.counters['held']} errors={r.counters['internal_errors']} fallback={r.counters['fallback']}"
     serve.delete(app)
@@ -202,7 +210,7 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
         "router": label, "round": rnd, "load1": os.getloadavg()[0], "n_timed": len(times_ms), "p50_ms": pct(times_ms, 50), "p99_ms": pct(times_ms, 99),
         "cpu_p50_ms": pct(cpu_ms, 50), "cpu_p99_ms": pct(cpu_ms, 99),
         "mean_ms": statistics.fmean(times_ms) if times_ms else float("nan"),
-        "rps": len(reqs) / wall, "affinity": hits / max(1, later),
+        "rps": len(reqs) / wall, "affinity": hits / max(1, later), "warm": warm_hits / max(1, later),
         "spread": sorted(counts.values(), reverse=True), "extra": extra,
     }
 
@@ -240,7 +248,7 @@ def main():
           + ("built before the run (--prebuilt-prompts)" if args.prebuilt_prompts else "built when each request is sent"))
     print("light replicas report num_waiting=0, num_running=in-flight, max_num_seqs=256 (no KV fields); "
           "GeoPrefixRouter availability.max_burst=64, so SP-P headroom = min(64, 256 - running)")
-    hdr = f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} {'req/s':>8s} {'affinity':>8s} {'load1':>6s}  per-replica counts"
+    hdr = f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} {'req/s':>8s} {'affinity':>8s} {'warm':>6s} {'load1':>6s}  per-replica counts"
     print("times are per request, summed over its choose_replicas + on_request_routed calls; 'ms' = wall "
           "(perf_counter, includes GIL waits behind other threads of this process), 'cpu' = thread_time; "
           "load1 = the machine's 1-minute load average after the router's run (2 cores here)")
@@ -253,7 +261,7 @@ def main():
         p2 = next(r for r in rows if r["router"].startswith("PowerOfTwo"))
         for r in rows:
             print(f"{r['router']:28s} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['mean_ms']:8.3f} {r['cpu_p50_ms']:8.3f} {r['cpu_p99_ms']:8.3f} {r['rps']:8.1f} "
-                  f"{r['affinity']:8.3f} {r['load1']:6.1f}  {r['spread']} {r['extra']}")
+                  f"{r['affinity']:8.3f} {r['warm']:6.3f} {r['load1']:6.1f}  {r['spread']} {r['extra']}")
         g = rows[0]
         v = {"p50": g["p50_ms"], "p99": g["p99_ms"], "cpu_p50": g["cpu_p50_ms"], "cpu_p99": g["cpu_p99_ms"],
              "thr": g["rps"] / p2["rps"], "aff": g["affinity"]}
