@@ -373,3 +373,17 @@ def test_access_times_agree_with_last_access_at():
         assert all(v is not None for v in want.values())
     assert idx.access_times("zzzzzzzz", {"r0": 4}) == {}
     assert idx.access_times(texts_[0], {"r0": 3}) == {}  # not a block boundary
+
+
+def test_match_fills_the_same_times_as_access_times():
+    rng = random.Random(9)
+    idx = PrefixIndex(block_chars=4, growth=0.25)
+    texts_ = ["".join(rng.choices("ab", k=rng.randrange(4, 60))) for _ in range(80)]
+    for i, t in enumerate(texts_):
+        idx.insert(t, f"r{i % 5}", now=float(i))
+    for q in texts_[:40]:
+        for avail in (None, {"r1", "r3"}):
+            times = {}
+            m = idx.match(q, avail, times)
+            assert m == idx.match(q, avail)
+            assert times == idx.access_times(q, m)

@@ -170,12 +170,15 @@ class PrefixIndex:
         return PreparedText(tuple(keys), ends, n, data if self.store_text else None)
 
     # ------------------------------------------------------------------ queries
-    def match(self, text, available: Optional[Iterable[Hashable]] = None) -> Dict[Hashable, int]:
+    def match(self, text, available: Optional[Iterable[Hashable]] = None,
+              times: Optional[Dict[Hashable, float]] = None) -> Dict[Hashable, int]:
         """Matched prefix length (bytes) per target; only targets in ``available`` (all if None).
 
         Walks the prompt's runs and stops as soon as no available target remains on the path
         (children hold a subset of their parent's targets, so none can appear deeper).
-        Targets with no match at all are absent from the result.
+        Targets with no match at all are absent from the result. If ``times`` is a dict, it is
+        filled with each matched target's last access of its matched prefix (as
+        :meth:`access_times`, in the same walk).
         """
         p = self.prepare(text)
         keys = p.keys
@@ -188,6 +191,7 @@ class PrefixIndex:
         alive = None
         alive_n = 0
         prev = _ROOT
+        prev_tg = None  # targets of the deepest run matched so far
         last_end = 0
         i = 0
         while i < n:
@@ -207,11 +211,14 @@ class PrefixIndex:
                 if len(new) < len(alive):
                     for t in alive - new:
                         result[t] = last_end
+                        if times is not None:
+                            times[t] = prev_tg[t]
                     alive = new
             alive_n = len(tg)
             if not alive:
                 break
             last_end = ends[i + m - 1]
+            prev_tg = tg
             if m < L:
                 break
             prev = rk[-1]
@@ -219,6 +226,8 @@ class PrefixIndex:
         if alive:
             for t in alive:
                 result[t] = last_end
+                if times is not None:
+                    times[t] = prev_tg[t]
         return result
 
     def longest(self, text, available: Optional[Iterable[Hashable]] = None):

@@ -87,11 +87,17 @@ def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Opti
 
 
 def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, min_match_chars: int,
-                    half_life_s: Optional[float], index=None, prepared=None, now: float = 0.0) -> Dict[Hashable, float]:
-    """Matched characters → estimated cached tokens (min-length rule, age discount, capped at L)."""
+                    half_life_s: Optional[float], index=None, prepared=None, now: float = 0.0,
+                    times: Optional[Dict[Hashable, float]] = None) -> Dict[Hashable, float]:
+    """Matched characters → estimated cached tokens (min-length rule, age discount, capped at L).
+    The age of each match comes from ``times`` (filled by ``index.match(..., times=)``) or, without
+    it, from ``index.access_times``."""
     floor = max(1, min_match_chars)
     kept = {t: chars for t, chars in match.items() if chars >= floor}
-    times = index.access_times(prepared, kept) if (half_life_s is not None and index is not None and kept) else {}
+    if half_life_s is None or not kept:
+        times = {}
+    elif times is None:
+        times = index.access_times(prepared, kept) if index is not None else {}
     out = {}
     for t, chars in kept.items():
         w = 1.0

@@ -121,8 +121,9 @@ class CostPolicy(PrefixPolicy):
         """Estimated cached tokens per target (match length, min-length and age rules applied)."""
         cfg = self.config
         p = self.prepared(req)
-        return discounted_hits(self.index.match(p, targets), req.prompt_tokens, cfg.chars_per_token,
-                               cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now)
+        times = {}
+        return discounted_hits(self.index.match(p, targets, times), req.prompt_tokens, cfg.chars_per_token,
+                               cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now, times)
 
     def queued_tokens(self, target: Hashable) -> float:
         """Prefill tokens ahead of a new request at ``target``: reported waiting + unseen dispatches."""
