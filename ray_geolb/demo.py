@@ -4,7 +4,8 @@ What it does (CPU only, ~3 minutes with the defaults):
 
 1. starts a local Ray cluster of three nodes labelled ``ray.io/availability-region`` = us / eu / asia
    (``ray.cluster_utils.Cluster``, its own temp dir) and Ray Serve with one HTTP proxy;
-2. for each router -- GeoPrefixRouter (SkyLB policy + cross-region forwarding), Ray's default
+2. for each router -- GeoPrefixRouter (its default GeoPrefix policy + cross-region forwarding by
+   the TTFT-cost region layer; ``--policy skylb`` for SkyLB's), Ray's default
    power-of-two router, Ray's PrefixCacheAffinityRouter (or our ``ray_prefix`` re-implementation if
    ``ray.serve.llm`` cannot be imported) -- deploys one app per region (us 2 replicas, eu 1, asia 1;
    emulated engines with the calibrated engine model; inter-region latency injected from the RTT
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from ray_geolb.serve.local import free_port, start_region_cluster
-ROUTER_LABELS = {"geo": "GeoPrefixRouter (SkyLB)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
+ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
 
 
 def _say(msg: str) -> None:
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stats-period", type=float, default=0.5,
                     help="request_routing_stats_period_s of the model deployments (GeoPrefixRouter load reports)")
     ap.add_argument("--profile", default="llama3.1-8b-h100", help="engine profile (ray_geolb.sim.profiles)")
+    ap.add_argument("--policy", default=None,
+                    help="GeoPrefixRouter policy for the 'geo' router (default: the router's default, geoprefix; "
+                         "e.g. skylb for SkyLB with its prefix-snapshot region layer)")
     ap.add_argument("--out", default="out/demo", help="output directory for demo.png / demo.json")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -315,11 +319,14 @@ def run_router(router: str, args, base: str, workloads) -> dict:
     from ray_geolb.serve.app import build_region_apps, delete_region_apps, deploy_region_apps, ray_prefix_router_class
 
     label = ROUTER_LABELS[router]
+    if router == "geo" and args.policy:
+        label = f"GeoPrefixRouter ({args.policy})"
     if router == "ray_prefix" and ray_prefix_router_class() is None:
         label = "ray_prefix (our re-impl.)"
     _say(f"{label}: deploying {len(args.replicas)} region apps ...")
     t = time.monotonic()
-    apps = build_region_apps(args.replicas, router=router, engine_profile=args.profile, time_scale=args.time_scale,
+    apps = build_region_apps(args.replicas, router=router, policy=args.policy if router == "geo" else None,
+                             engine_profile=args.profile, time_scale=args.time_scale,
                              output_tokens=args.max_tokens, engine_overrides={"max_num_seqs": args.max_num_seqs},
                              latency={"scale": args.latency_scale}, stats_period_s=args.stats_period,
                              ingress={"max_queue": 512, "max_wait_s": 60.0})

@@ -345,6 +345,11 @@ class _SlotWaitCostSelector(CostSelector):
         super().__init__(config)
         self._ing = ingress
         self.last_slot_wait_s = 0.0
+        self.last_rtts: Dict[str, float] = {}  # the RTTs the last peer comparison used
+
+    def peer_costs(self, router, req, peers, now):
+        self.last_rtts = {r: self.rtt_of(router, r) for r in peers}
+        return super().peer_costs(router, req, peers, now)
 
     def local_cost(self, router, req, now, shared=True):
         c = super().local_cost(router, req, now, shared)
@@ -892,6 +897,7 @@ class RegionIngressImpl:
         costs = None
         if sel is not None:
             costs = {("stay" if k is None else k): (v if math.isfinite(v) else None) for k, v in sel.last_costs.items()}
+        used_rtt = getattr(sel, "last_rtts", None)
         return {
             "region": self.region,
             "source": self.source,
@@ -906,6 +912,7 @@ class RegionIngressImpl:
             "lb_queued_tokens": self._lb_queued_tokens(),
             "heartbeat_extra": self.heartbeat_extra(),
             "last_costs_s": costs,  # the 'cost' selector's last comparison (stay = hold here)
+            "last_cost_rtts_ms": None if used_rtt is None else {p: round(v * 1000, 2) for p, v in used_rtt.items()},
             "snapshot_nodes": self.router.snapshot.num_nodes,
             "snapshot_loaded_from_registry": self._snapshot_loaded,
             "registry": None if self.registry is None else self.registry.status(),

@@ -5,7 +5,7 @@ Configure it on the model deployment::
 
     request_router_config={
         "request_router_class": "ray_geolb.serve.router.GeoPrefixRouter",
-        "request_router_kwargs": {"policy": "skylb", "region": "us-east",
+        "request_router_kwargs": {"policy": "geoprefix", "region": "us-east",
                                   "queue_bound": 1024, "wait_limit_s": 60.0},
         "request_routing_stats_period_s": 0.5,
     }
@@ -15,9 +15,16 @@ How it works (Ray 2.60, see /work/shared/notes/ray-2.60-facts.md):
 * Candidates: replicas whose ``replica_metadata["region"]`` equals the router's ``region`` (replicas
   reporting no region count as local; ``region=None`` = every replica is local). Other regions'
   replicas are ignored here: cross-region forwarding is the region ingress's job.
+* Policy: ``policy`` names any ``ray_geolb.policy`` policy (or a config dict); the default
+  (:data:`DEFAULT_POLICY`) is ``geoprefix``: SP-P + prefix index + per-request TTFT cost with t_p
+  learned online from the replicas' TTFT reports (below).
 * Load: each replica's ``routing_stats`` (``record_routing_stats``: num_waiting, num_running,
   kv_cache_usage, timestamp, max_num_seqs, num_gpu_blocks, block_tokens) is fed to
-  ``policy.on_stats`` whenever Serve broadcasts a change (``update_replicas``). The router's own
+  ``policy.on_stats`` whenever Serve broadcasts a change (``update_replicas``); a new report's
+  ``ttft_samples`` (``[[uncached_prompt_tokens, ttft_s], ...]`` measured by the replica since its
+  previous report: the emulated server and the vLLM stat-logger plugin send them) go to
+  ``policy.observe_ttft`` once per report (reports are de-duplicated by ``timestamp``); a malformed
+  report is counted in ``counters["bad_stats"]`` and ignored. The router's own
   in-flight accounting: a *reservation* (``tracker.on_dispatch``) when ``choose_replicas`` picks a
   replica (so two requests routed before the first is acknowledged do not both see the same
   headroom), confirmed by ``on_request_routed`` -> ``policy.on_dispatch`` (prefix-index insert), and
