@@ -3,8 +3,8 @@
 A target is a local replica (the replica trie) or a peer region (the regional snapshot).
 
 Blocks and keys: chained block hashes over the UTF-8 bytes of the canonical text. Block *i* covers
-bytes ``[end(i-1), end(i))``; its key is the CRC-32 of the whole prefix ``[0, end(i))`` (computed
-incrementally, one C call per block) packed with ``end(i)``. Block sizes grow geometrically with the
+bytes ``[end(i-1), end(i))``; its key is ``end(i) << 32 | CRC-32 of the whole prefix [0, end(i))``
+(the CRC computed incrementally, one C call per block). Block sizes grow geometrically with the
 offset (``block_chars`` at the start, then ``growth`` × offset), so a 128k-character prompt is ~55
 blocks instead of 2,000, and a matched length is exact to within ``growth`` of itself. No prompt
 text is stored unless ``store_text=True``. The index is approximate by design: it records what the
@@ -126,6 +126,7 @@ class PrefixIndex:
         self._chars_by_target: Dict[Hashable, int] = {}
         self._bounds: List[int] = []
         self._slices: List[slice] = []
+        self._his: List[int] = []  # block end << 32: a key is (end << 32) | CRC-32 of the prefix
         self._extend_bounds(1 << 16)
         self.evictions = 0
 
@@ -137,6 +138,7 @@ class PrefixIndex:
         while end < upto:
             nxt = end + max(step_min, int(end * g))
             self._slices.append(slice(end, nxt))
+            self._his.append(nxt << 32)
             b.append(nxt)
             end = nxt
 
@@ -164,9 +166,9 @@ class PrefixIndex:
         append = keys.append
         mv = memoryview(data)
         crc = 0
-        for sl, end in zip(self._slices, ends):
+        for sl, hi in zip(self._slices, self._his[:count]):
             crc = _crc32(mv[sl], crc)
-            append((crc << 32) | end)
+            append(hi | crc)
         return PreparedText(tuple(keys), ends, n, data if self.store_text else None)
 
     # ------------------------------------------------------------------ queries
@@ -563,7 +565,7 @@ class PrefixIndex:
             tg = tgs[h]
             assert tg, f"empty run {h} kept"
             for j, key in enumerate(rk):
-                assert key & 0xFFFFFFFF == self._bounds[i0 + j], f"block {key} is not at block boundary {i0 + j}"
+                assert key >> 32 == self._bounds[i0 + j], f"block {key} is not at block boundary {i0 + j}"
             size = self._span(i0, len(rk))
             blocks += len(rk)
             entries += len(rk) * len(tg)

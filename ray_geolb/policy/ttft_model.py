@@ -162,7 +162,7 @@ class TtftModel:
         return b + s * max(0.0, uncached_tokens)
 
 
-@dataclass
+@dataclass(slots=True)
 class WorkItem:
     request_id: Hashable
     target: Hashable

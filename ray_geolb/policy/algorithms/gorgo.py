@@ -78,6 +78,7 @@ class CostPolicy(PrefixPolicy):
         self.ttft = TtftModel(self.config.ttft)
         self.work = WorkTracker()
         self._mean_prompt = float(self.config.default_prompt_tokens)
+        self._reason = f"{self.name}_cost"
         self._seen_prompts = 0
         self._rtt_fn = None
         self._rtt_two = False
@@ -122,7 +123,7 @@ class CostPolicy(PrefixPolicy):
         cfg = self.config
         p = self.prepared(req)
         times = {}
-        return discounted_hits(self.index.match(p, targets, times), req.prompt_tokens, cfg.chars_per_token,
+        return discounted_hits(self.index.match(p, self.available_view(targets), times), req.prompt_tokens, cfg.chars_per_token,
                                cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now, times)
 
     def queued_tokens(self, target: Hashable) -> float:
@@ -169,9 +170,14 @@ class CostPolicy(PrefixPolicy):
         out_of = self.tracker._out
         work = self.work._by_target
         mean_prompt = self._mean_prompt
+        qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
         out = {}
         for t in cands:
-            tp = pooled_tp if pooled_tp is not None else self.t_p(t)
+            if qt_pooled is not None:
+                tp, qt = pooled_tp, qt_pooled
+            else:
+                tp = self.t_p(t)
+                qt = q_hat * tp
             residual = tp * max(0.0, L - hits.get(t, 0.0))
             st = tstate.get(t)
             s = st.stats if st is not None else None
@@ -183,7 +189,7 @@ class CostPolicy(PrefixPolicy):
                     if since is None or it.t > since:
                         queued += it.uncached_tokens
             queued = (s.num_waiting * mean_prompt if s is not None else 0.0) + queued
-            c = w_prefill * residual + q_hat * tp * queued
+            c = w_prefill * residual + qt * queued  # qt = q_hat * tp, the same product as before
             if w_shared:
                 c += w_shared * residual * out_of.get(t, 0)
             if rtt is not None:
@@ -207,7 +213,7 @@ class CostPolicy(PrefixPolicy):
         t = self._argmin(costs)
         hits = req.cache[("hits", id(self))]
         matched = int(round(hits.get(t, 0.0) * self.config.chars_per_token)) if t in hits else 0
-        return Decision(t, matched, f"{self.name}_cost")
+        return Decision(t, matched, self._reason)
 
     # ------------------------------------------------------------ events
     def _record(self, req, target, now):
