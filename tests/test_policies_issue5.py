@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from ray_geolb.policy import PeerState, RegionRouter, ReplicaStats, RouteRequest, TwoLayerConfig, build_policy
-from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST, CostSelector, RttTable
+from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST, CostSelector, CostSelectorConfig, DrainRate, RttTable
 from ray_geolb.policy.ttft_model import TtftModel, TtftModelConfig, theil_sen
 
 FIXED = {"block_chars": 64, "growth": 0.0}  # fixed 64-char blocks: matches are exact multiples of 64
@@ -477,7 +477,11 @@ def test_bad_config_is_a_validation_error_naming_the_field(spec, field):
 
 @pytest.mark.parametrize("cfg, field", [({"remote": "cost", "cost": {"rtt_alpha": 0}}, "cost.rtt_alpha"),
                                         ({"cost": {"remote_queue": "maybe"}}, "cost.remote_queue"),
-                                        ({"cost": {"ttft": {"prior_tp_s": 0}}}, "cost.ttft.prior_tp_s")])
+                                        ({"cost": {"ttft": {"prior_tp_s": 0}}}, "cost.ttft.prior_tp_s"),
+                                        ({"cost": {"stay_slot_wait": "maybe"}}, "cost.stay_slot_wait"),
+                                        ({"cost": {"drain_window_s": 0}}, "cost.drain_window_s"),
+                                        ({"cost": {"drain_window_s": float("inf")}}, "cost.drain_window_s"),
+                                        ({"cost": {"drain_min_samples": 1}}, "cost.drain_min_samples")])
 def test_two_layer_cost_config_errors_name_the_field(cfg, field):
     with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
         TwoLayerConfig(region="us", **cfg)
@@ -497,3 +501,117 @@ def test_stay_cost_leaves_the_in_flight_term_out_when_peers_do_not_report_it():
     r.update_peer(PeerState("eu", 2, 0, 1.05, rtt_s=0.1, extra={"replicas": 2, "inflight": 0}))
     r.decide(req, 1.1)
     assert r.selector.last_costs[None] == pytest.approx(no_count + TP * 1000 * 4 / 2)
+
+
+# ----------------------------------------------------------------------------- wait for a local slot
+def test_drain_rate_window_min_samples_and_bounded_memory():
+    d = DrainRate(window_s=10.0, min_samples=3)
+    assert d.rate(0.0) is None
+    d.observe(1.0)
+    d.observe(2.0)
+    assert d.rate(2.0) is None  # 2 < min_samples: unknown
+    d.observe(5.0)
+    assert d.rate(5.0) == pytest.approx(3 / 4.0)  # 3 completions since t=1
+    assert d.rate(9.0) == pytest.approx(3 / 8.0)  # no completion since: the rate decays
+    assert d.rate(11.5) is None and len(d) == 2  # t=1 left the window (trimmed on the query)
+    d.observe(4.0)  # out of order: counted as the newest (5.0), timestamps stay sorted
+    assert d.rate(12.0) == pytest.approx(3 / 10.0)
+    d.observe(30.0)
+    assert len(d) == 1  # an observe trims too
+    small = DrainRate(window_s=100.0, min_samples=2, max_samples=4)
+    for i in range(1000):
+        small.observe(i * 0.01)
+    assert len(small) == 4  # memory bounded; the rate is over the span of the kept samples
+    assert small.rate(9.99) == pytest.approx(4 / 0.03)
+    for kw, field in (({"window_s": 0}, "drain_window_s"), ({"window_s": float("nan")}, "drain_window_s"),
+                      ({"min_samples": 1}, "drain_min_samples"), ({"min_samples": 5, "max_samples": 4}, "max_samples")):
+        with pytest.raises(ValueError, match=field):
+            DrainRate(**kw)
+    with pytest.raises(ValueError, match="finite"):
+        d.observe(float("nan"))
+
+
+def _saturated(cost, **two):
+    """Both local replicas unavailable (SP-P: something waiting), 3 requests ahead at this LB."""
+    r = region(remote="cost", cost=cost, **two)
+    fill(r)
+    r.set_queue(3, 0.0)
+    assert not r.local.tracker.available
+    return r
+
+
+def test_stay_cost_adds_the_slot_wait_when_no_local_replica_is_available():
+    req = rq(0, "q" * 4000)
+    on = _saturated(dict(GEOPREFIX_COST, q_hat=2.0))
+    off = _saturated(dict(GEOPREFIX_COST, q_hat=2.0, stay_slot_wait=False))
+    base = off.selector.local_cost(off, req, 10.0)
+    for t in (6.0, 7.0, 8.0):  # 3 completions < drain_min_samples = 4: rate unknown, no term
+        on.on_local_complete(t)
+        off.on_local_complete(t)
+    assert on.selector.local_cost(on, req, 10.0) == pytest.approx(base) and on.selector.last_slot_wait_s == 0.0
+    on.on_local_complete(9.0)  # 4 completions since t=6: 4 / (10 - 6) = 1 per second
+    assert on.selector.drain.rate(10.0) == pytest.approx(1.0)
+    assert on.selector.local_cost(on, req, 10.0) == pytest.approx(base + 2.0 * (3 + 1) / 1.0)
+    assert on.selector.last_slot_wait_s == pytest.approx(4.0)
+    on.set_queue(0, 0.0)  # the head of the queue: one slot's wait
+    assert on.selector.local_cost(on, req, 10.0) == pytest.approx(base + 2.0 * 1 / 1.0)
+    assert off.selector.local_cost(off, req, 10.0) == pytest.approx(base)  # off: never the term
+    # a local replica is available: staying is not waiting for a slot, no term
+    on.local.on_stats("us-0", ReplicaStats(max_num_seqs=64, timestamp=2.0))
+    off.local.on_stats("us-0", ReplicaStats(max_num_seqs=64, timestamp=2.0))
+    assert on.local.tracker.available
+    assert on.selector.local_cost(on, req, 10.0) == pytest.approx(off.selector.local_cost(off, req, 10.0))
+    assert on.selector.last_slot_wait_s == 0.0
+
+
+def test_slot_wait_turns_a_hold_into_a_forward_in_geoprefix_only():
+    """Saturated us, idle eu 100 ms away: by prefill work staying is cheaper (the forward pays the RTT);
+    once us has measured that its slots free at 2/s, GeoPrefix forwards. GORGO's selector (no such
+    term, as in the paper) keeps holding on the same inputs."""
+    def run(cost):
+        r = region(remote="cost", cost=dict(cost), policy="gorgo" if cost is GORGO_COST else "geoprefix")
+        for t in r.local.targets:  # both batches full under SP-P, nothing waiting in the engines
+            r.local.on_stats(t, ReplicaStats(num_waiting=0, num_running=64, max_num_seqs=64, timestamp=1.0))
+        r.set_queue(0, 0.0)
+        r.update_peer(PeerState("eu", 2, 0, 9.9, rtt_s=0.1, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+        r.observe_rtt("eu", 0.1)
+        first = r.decide(rq(0, "q" * 400), 10.0).kind
+        for i in range(8):  # 8 completions in the last 4 s
+            r.on_local_complete(10.0 + 0.5 * i)
+        return first, r.decide(rq(1, "q" * 400), 13.5), r
+    first, d, r = run(GEOPREFIX_COST)
+    assert first == "hold" and d.kind == "forward" and d.target == "eu", r.selector.last_costs
+    assert r.selector.last_slot_wait_s == pytest.approx(3.5 / 8)
+    first, d, r = run(GORGO_COST)
+    assert first == "hold" and (d.kind, d.reason) == ("hold", "stay_cheaper"), r.selector.last_costs
+    assert not CostSelectorConfig(**GORGO_COST).stay_slot_wait and r.selector.last_slot_wait_s == 0.0
+
+
+def test_on_local_complete_without_the_cost_selector_is_a_no_op():
+    r = region(remote="prefix")
+    assert r.selector is None
+    r.on_local_complete(1.0)  # nothing to feed, nothing raised
+
+
+def test_the_simulator_feeds_every_local_completion_to_the_drain_rate():
+    from ray_geolb.sim.deploy import deployment_for
+    from ray_geolb.sim.simulator import SimConfig, Simulator
+    from ray_geolb.sim.workloads import tot
+
+    wl = tot(2, clients={"us": 12, "eu": 4, "asia": 4}, seed=0)
+    sim = Simulator(wl, deployment_for("geoprefix", {"us": 1, "eu": 1, "asia": 1}), SimConfig(duration_s=8.0))
+    seen = {}
+    for lb in sim.lbs.values():
+        orig = lb.router.selector.on_local_complete
+        seen[lb.region] = []
+        lb.router.selector.on_local_complete = (lambda o, l: lambda now: (l.append(now), o(now)))(orig, seen[lb.region])
+    done = {}
+    for lb in sim.lbs.values():
+        orig = lb.policy.on_complete
+        done[lb.region] = []
+        lb.policy.on_complete = (lambda o, l: lambda rid, *a, **k: (l.append(a[1]), o(rid, *a, **k)))(orig, done[lb.region])
+    sim.run()
+    assert sum(map(len, done.values())) > 20
+    assert seen == done  # one drain sample per local completion, at the time the LB saw it
+    assert all(lb.router.selector.config.stay_slot_wait for lb in sim.lbs.values())
+    assert all(len(lb.router.selector.drain) for lb in sim.lbs.values() if done[lb.region])

@@ -12,7 +12,7 @@ import pytest
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
-from ray_geolb.policy.remote import GEOPREFIX_COST
+from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST, CostSelector
 from ray_geolb.policy.ttft_model import POOLED
 from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
 
@@ -178,7 +178,6 @@ def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote
     ing._local_unrouted = set()
     ing.counters = {"decide_errors": 0}
     ing.decisions = {}
-    ing._local_done_at = __import__("collections").deque(maxlen=512)
     fake = SimpleNamespace(policy=policy, num_available=lambda: available, queue_len=lambda: router_queue,
                            queued_tokens=lambda: router_tokens, decision=lambda rid: None)
     ing._geo_router = lambda: fake
@@ -299,15 +298,17 @@ def test_local_view_without_router_or_with_skylb():
 def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     """Saturated us (no available replica), busy-ish peers 40-50 ms away: by prefill work alone staying
     looks cheaper; once the region has measured how fast its slots free up (2.5 completions/s), the
-    wait for a slot makes the forward the cheaper option."""
-    from ray_geolb.serve.ingress import _SlotWaitCostSelector
-
+    wait for a slot makes the forward the cheaper option. The term is the policy core's
+    (``CostSelectorConfig.stay_slot_wait``, on in GEOPREFIX_COST), fed by the ingress's completion path
+    through ``RegionRouter.on_local_complete`` -- the simulator feeds the same hook."""
     geo = build_policy("geoprefix", targets=["r1"])
     geo.on_stats("r1", ReplicaStats(num_waiting=0, num_running=2, timestamp=0.0, max_num_seqs=2))
     for i in range(2):
         geo.on_dispatch(RouteRequest(request_id=f"run{i}", text=f"running {i} " * 50), "r1", 0.5)
     ing = _fake_ingress(geo, available=0)
-    ing.router.selector = sel = _SlotWaitCostSelector(ing.router.config.cost, ing)
+    sel = ing.router.selector
+    assert type(sel) is CostSelector and sel.config.stay_slot_wait
+    ing._kick = lambda: None  # no hold queue in this fake
     now = time.monotonic()
     for r in ("eu", "asia"):
         ing.router.update_peer(PeerState(r, 1, 0, now, extra={"queued_tokens": 0.0, "inflight": 2, "replicas": 1}))
@@ -318,11 +319,38 @@ def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     d = ing._decide(req(0))
     assert (d.kind, d.reason) == ("hold", "stay_cheaper") and sel.last_slot_wait_s == 0.0, sel.last_costs
     t = time.monotonic()
-    ing._local_done_at.extend([t - 3.2, t - 2.4, t - 1.6, t - 0.8, t])  # 5 completions in 3.2 s
-    assert ing.local_drain_rate() == pytest.approx(5 / 3.2, rel=0.05)
+    for dt in (3.2, 2.4, 1.6, 0.8, 0.0):  # 5 completions in 3.2 s
+        ing.router.on_local_complete(t - dt)
+    ing._local_done()  # the ingress's own completion path feeds the same estimator (a 6th, now)
+    assert ing.local_drain_rate() == pytest.approx(6 / 3.2, rel=0.05)
+    assert ing.slot_wait_s(0) == pytest.approx(3.2 / 6, rel=0.05)
     d = ing._decide(req(1))
     assert d.kind == "forward" and d.target == "eu", sel.last_costs
-    assert sel.last_slot_wait_s == pytest.approx(3.2 / 5, rel=0.05)  # nothing ahead: one slot's wait
+    assert sel.last_slot_wait_s == pytest.approx(3.2 / 6, rel=0.05)  # nothing ahead: one slot's wait
     ing._queue.extend([asyncio.Event(), asyncio.Event()])
     ing._decide(req(2))
-    assert sel.last_slot_wait_s == pytest.approx(3 * 3.2 / 5, rel=0.05)  # two ahead at this LB
+    assert sel.last_slot_wait_s == pytest.approx(3 * 3.2 / 6, rel=0.05)  # two ahead at this LB
+
+
+def test_ingress_slot_wait_config_maps_onto_the_core_config():
+    from pydantic import ValidationError
+
+    from ray_geolb.serve.ingress import IngressConfig
+
+    def cost(**kw):
+        return IngressConfig(region="us", registry=None, **kw).two_layer_config().cost
+
+    geo = {"remote": "cost", "cost": dict(GEOPREFIX_COST)}
+    c = cost(two_layer=geo)  # None: the preset's own value (on for GeoPrefix)
+    assert c.stay_slot_wait and (c.drain_window_s, c.drain_min_samples) == (10.0, 4)
+    assert not cost(two_layer={"remote": "cost", "cost": dict(GORGO_COST)}).stay_slot_wait  # GORGO: off
+    c = cost(two_layer={"remote": "cost", "cost": dict(GORGO_COST)}, stay_slot_wait=True, drain_window_s=5.0,
+             drain_min_samples=3)  # the ingress fields override
+    assert c.stay_slot_wait and (c.drain_window_s, c.drain_min_samples) == (5.0, 3) and not c.remote_queue
+    c = cost(two_layer=geo, stay_slot_wait=False)  # turns GeoPrefix's term off, the rest of the preset kept
+    assert not c.stay_slot_wait and c.remote_queue and c.w_shared == GEOPREFIX_COST["w_shared"]
+    for bad in ({"drain_window_s": 0}, {"drain_window_s": float("inf")}, {"drain_min_samples": 1}):
+        with pytest.raises(ValidationError, match=next(iter(bad))):
+            IngressConfig(region="us", registry=None, **bad)
+    with pytest.raises(ValidationError, match="drain_min_samples"):
+        cost(two_layer={"remote": "cost", "cost": {"drain_min_samples": 0}})

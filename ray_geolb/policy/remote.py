@@ -38,6 +38,29 @@ peer's heartbeat ``extra["inflight"]`` plus forwards sent since, over its replic
 this region's own count). A peer that reports no waiting queue but runs a large batch — what SP-P
 availability cannot see — then costs what it costs. Measured on network-hard (seeds 0-3):
 GeoPrefix/SkyLB throughput 0.99 -> 1.03, prefix hit 20.9 % -> 26.7 %, P99 TTFT 5.49 -> 5.16 s.
+
+**Wait for a local slot** (``stay_slot_wait``): the selector runs only when no local replica is
+available, i.e. every local engine is at its admission limit (SP-P), so a held request cannot start
+before a running one finishes. The prefill-work terms above do not see that: with the replicas'
+waiting queues empty (SP-P holds requests at the LB, not in the engine) the head of the queue looks
+almost free to keep, although in a decode-bound engine it waits a whole request's decode time for a
+slot. Measured in Ray Serve (3 regions, 2 slots per replica, 40-token decodes of ~0.35 s, RTT
+10-17 ms): stay was priced at 25-40 ms against 33-47 ms for a forward, so a burst was held (and
+refused with 429 past the ingress's ``max_queue``) while both peers were idle. With
+``stay_slot_wait`` the cost of staying, when no local replica is available, adds
+
+    q̂ · (ahead + 1) / drain_rate
+
+with ``drain_rate`` the measured rate at which this LB's local requests finish (:class:`DrainRate`:
+completions per second over ``drain_window_s``, fed by :meth:`RegionRouter.on_local_complete
+<ray_geolb.policy.two_layer.RegionRouter.on_local_complete>`; while saturated, the rate at which
+slots free) and ``ahead`` the requests waiting before this one at this LB (``RegionRouter.set_queue``'s
+``queue_len``). While the rate is unknown (fewer than ``drain_min_samples`` completions in the
+window) there is no term. ``GEOPREFIX_COST`` sets it; ``GORGO_COST`` does not (GORGO has no such
+term). The simulator and the Serve ingress both feed the same hook. Measured in the simulator
+(``benchmarks/compare_policies.py``): every table unchanged except network-hard, where it costs a
+little (seeds 0-7: P99 TTFT 5.47 -> 5.82 s, GeoPrefix/SkyLB throughput 1.036 -> 1.031, still 1.71x /
+1.45x below SkyLB's / GORGO's P99); kept for the Serve failure above and so that both run one code.
 """
 
 from __future__ import annotations
@@ -51,7 +74,7 @@ from pydantic import Field
 from .config import _Strict
 from .ttft_model import TtftModel, TtftModelConfig
 
-__all__ = ["CostSelectorConfig", "CostSelector", "RttTable", "match_age", "GORGO_COST", "GEOPREFIX_COST"]
+__all__ = ["CostSelectorConfig", "CostSelector", "DrainRate", "RttTable", "match_age", "GORGO_COST", "GEOPREFIX_COST"]
 
 
 class CostSelectorConfig(_Strict):
@@ -68,12 +91,17 @@ class CostSelectorConfig(_Strict):
     stay_local: bool = Field(True, description="hold locally when staying is estimated cheaper than any forward")
     w_shared: float = Field(0.0, ge=0.0, description="price the residual prefill's slowdown of the requests in "
                                                      "flight per replica there (peer: heartbeat 'inflight'); 0 = off")
+    stay_slot_wait: bool = Field(False, description="add q̂·(ahead+1)/drain_rate to staying when no local replica "
+                                                    "is available (the wait for a local engine slot)")
+    drain_window_s: float = Field(10.0, gt=0.0, allow_inf_nan=False,
+                                  description="window of the local drain-rate estimate (stay_slot_wait)")
+    drain_min_samples: int = Field(4, ge=2, description="completions in the window the drain rate needs (else unknown)")
     ttft: TtftModelConfig = TtftModelConfig()
 
 
 GORGO_COST = {"remote_queue": False}
 GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
-                  "w_shared": 1.0}
+                  "w_shared": 1.0, "stay_slot_wait": True}
 
 
 def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Optional[float]:
@@ -133,6 +161,57 @@ class RttTable:
         self._v.pop(region, None)
 
 
+class DrainRate:
+    """Local completions per second over a sliding window of ``window_s`` seconds.
+
+    ``observe(now)`` per completion, ``rate(now)`` per query: both trim the timestamps older than the
+    window from the left (amortised O(1)); at most ``max_samples`` are kept (past that the oldest go,
+    and the rate is taken over the span of those kept, so it stays right). ``rate`` is
+    ``n / (now - oldest)`` over the ``n`` completions in the window, None while ``n < min_samples``.
+    Timestamps are kept non-decreasing (a sample older than the newest counts as the newest).
+    """
+
+    __slots__ = ("window_s", "min_samples", "_t")
+
+    def __init__(self, window_s: float = 10.0, min_samples: int = 4, max_samples: int = 4096):
+        window_s = float(window_s)
+        if not (window_s > 0.0 and math.isfinite(window_s)):
+            raise ValueError(f"drain_window_s must be a finite number > 0, got {window_s!r}")
+        if int(min_samples) != min_samples or min_samples < 2:
+            raise ValueError(f"drain_min_samples must be an integer >= 2, got {min_samples!r}")
+        if int(max_samples) != max_samples or max_samples < min_samples:
+            raise ValueError(f"max_samples must be an integer >= drain_min_samples, got {max_samples!r}")
+        self.window_s = window_s
+        self.min_samples = int(min_samples)
+        self._t: Deque[float] = deque(maxlen=int(max_samples))
+
+    def _trim(self, now: float) -> None:
+        t = self._t
+        lo = now - self.window_s
+        while t and t[0] < lo:
+            t.popleft()
+
+    def observe(self, now: float) -> None:
+        now = float(now)
+        if not math.isfinite(now):
+            raise ValueError(f"completion time must be finite, got {now!r}")
+        t = self._t
+        if t and now < t[-1]:
+            now = t[-1]
+        t.append(now)
+        self._trim(now)
+
+    def rate(self, now: float) -> Optional[float]:
+        self._trim(now)
+        t = self._t
+        if len(t) < self.min_samples:
+            return None
+        return len(t) / max(now - t[0], 1e-3)
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+
 class CostSelector:
     """TTFT-cost choice among staying and the available peers (see the module docstring)."""
 
@@ -143,7 +222,10 @@ class CostSelector:
         self.rtt = RttTable(self.config.rtt_alpha)
         self.ttft = TtftModel(self.config.ttft)  # used when the local policy has no TTFT model
         self._fwd: Dict[str, Deque[Tuple[float, int]]] = {}
+        self.drain = DrainRate(self.config.drain_window_s, self.config.drain_min_samples)
         self.last_costs: Dict[Optional[str], float] = {}
+        self.last_rtts: Dict[str, float] = {}  # the RTTs the last peer comparison used
+        self.last_slot_wait_s = 0.0  # the slot-wait term (before q̂) of the last stay cost
 
     # ------------------------------------------------------------ inputs
     def observe_rtt(self, region: str, seconds: float) -> float:
@@ -154,6 +236,10 @@ class CostSelector:
         if q is None:
             q = self._fwd[region] = deque(maxlen=4096)
         q.append((now, req.prompt_tokens))
+
+    def on_local_complete(self, now: float) -> None:
+        """A request this LB dispatched to a local replica left it (the drain-rate estimate)."""
+        self.drain.observe(now)
 
     def forget(self, region: str) -> None:
         self._fwd.pop(region, None)
@@ -224,7 +310,15 @@ class CostSelector:
         c = cfg.w_prefill * residual + cfg.q_hat * wait
         if cfg.w_shared and shared:
             c += cfg.w_shared * residual * self._inflight(router) / n
-        return c
+        w = self.slot_wait_s(router, now) if cfg.stay_slot_wait and not local.tracker.available else 0.0
+        self.last_slot_wait_s = w
+        return c + cfg.q_hat * w if w else c
+
+    def slot_wait_s(self, router, now: float) -> float:
+        """Expected wait for a local engine slot of a request with ``router.queue_len`` requests ahead of
+        it at this LB: ``(ahead + 1) / drain_rate`` (0 while the rate is unknown)."""
+        rate = self.drain.rate(now)
+        return (max(0, router.queue_len) + 1) / rate if rate else 0.0
 
     @staticmethod
     def _inflight(router) -> int:
@@ -267,10 +361,12 @@ class CostSelector:
         hits = discounted_hits(raw, req.prompt_tokens, cfg.chars_per_token, cfg.min_match_chars,
                                cfg.match_half_life_s, snap, prep, now)
         costs = {}
+        rtts = self.last_rtts = {}
         for r in peers:
             tp = self.peer_t_p(router, r)
             residual = tp * max(0.0, req.prompt_tokens - hits.get(r, 0.0))
-            c = cfg.w_rtt * self.rtt_of(router, r) + cfg.w_prefill * residual
+            rtt = rtts[r] = self.rtt_of(router, r)
+            c = cfg.w_rtt * rtt + cfg.w_prefill * residual
             if cfg.remote_queue:
                 c += cfg.q_hat * self.remote_wait(router, req, r, now)
             if cfg.w_shared:

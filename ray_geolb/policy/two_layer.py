@@ -124,7 +124,8 @@ class RegionRouter:
             self.selector.observe_rtt(region, seconds)
 
     def set_queue(self, queue_len: int, queued_tokens: Optional[float] = None) -> None:
-        """This LB's own queue (requests held, and their prompt tokens), for the 'cost' selector."""
+        """What waits at this LB *ahead of* the request about to be decided (requests, and their prompt
+        tokens), for the 'cost' selector's stay cost (``queue_len`` is the slot wait's ``ahead``)."""
         self.queue_len = queue_len
         self.queued_tokens = queued_tokens
 
@@ -211,6 +212,14 @@ class RegionRouter:
     # ------------------------------------------------------------ events
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
         self.local.on_dispatch(req, target, now)
+
+    def on_local_complete(self, now: float) -> None:
+        """A request this LB dispatched to one of its local replicas left it (finished, failed or
+        cancelled): feeds the 'cost' selector's local drain rate (``CostSelectorConfig.stay_slot_wait``).
+        The simulator calls it at every completion its LB sees, the Serve ingress when a local request
+        returns. O(1) amortised, memory-bounded; a no-op without the 'cost' selector."""
+        if self.selector is not None:
+            self.selector.on_local_complete(now)
 
     def on_forward(self, req: RouteRequest, region: str, now: float) -> None:
         """Record a forward in the regional snapshot (SkyLB §4.1)."""

@@ -101,18 +101,31 @@ class IngressConfig(BaseModel):
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)
     forward_timeout_s: float = Field(300.0, gt=0)
-    #: 'cost' region layer: add the measured wait for a local engine slot to the cost of staying
-    #: (see _SlotWaitCostSelector); False = the selector exactly as in the simulator
-    stay_slot_wait: bool = True
-    drain_window_s: float = Field(10.0, gt=0, description="window of the local drain-rate estimate")
-    drain_min_samples: int = Field(4, ge=2, description="completions the drain-rate estimate needs")
+    #: 'cost' region layer: the measured wait for a local engine slot in the cost of staying -- the
+    #: policy core's ``CostSelectorConfig.stay_slot_wait`` / ``drain_window_s`` / ``drain_min_samples``
+    #: (see ``policy/remote.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
+    #: (``GEOPREFIX_COST`` turns it on, ``GORGO_COST`` leaves it off); a value here overrides it
+    #: (``stay_slot_wait=False``: the stay cost without the slot wait).
+    stay_slot_wait: Optional[bool] = None
+    drain_window_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
+                                            description="window of the local drain-rate estimate")
+    drain_min_samples: Optional[int] = Field(None, ge=2, description="completions the drain-rate estimate needs")
 
     def two_layer_config(self) -> TwoLayerConfig:
         tl = dict(self.two_layer)
         if "region" in tl and tl["region"] != self.region:
             raise ValueError(f"two_layer.region {tl['region']!r} differs from region {self.region!r}")
         tl["region"] = self.region
+        over = {k: getattr(self, k) for k in _SLOT_WAIT_FIELDS if getattr(self, k) is not None}
+        if over:
+            cost = tl.get("cost") or {}
+            cost = cost.model_dump() if isinstance(cost, BaseModel) else dict(cost)
+            cost.update(over)
+            tl["cost"] = cost
         return TwoLayerConfig.model_validate(tl)
+
+
+_SLOT_WAIT_FIELDS = ("stay_slot_wait", "drain_window_s", "drain_min_samples")
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -319,47 +332,6 @@ class _TrackerView:
         return t.outstanding(target) if t is not None else 0
 
 
-class _SlotWaitCostSelector(CostSelector):
-    """The ``cost`` selector with one Serve-side addition to the cost of *staying*: the wait for a
-    local engine slot.
-
-    The selector runs only when no local replica is available, i.e. every local engine is at its
-    admission limit (SP-P) -- so a held request cannot start before a running one finishes.
-    :class:`~ray_geolb.policy.remote.CostSelector` prices staying by prefill work only
-    (``t_p`` x tokens queued ahead, plus the batch slowdown): with the replicas' waiting queues empty
-    (SP-P holds requests at the LB, not in the engine) the head of the queue then looks almost free
-    to keep, although in a decode-bound engine (few, long-running sequences) it waits a whole
-    request's decode time for a slot. Measured in Serve (3 regions, 2 slots per replica, 40-token
-    decodes of ~0.35 s, RTT 10-17 ms): stay was priced at 25-40 ms against 33-47 ms for a forward,
-    so a burst was held (and refused with 429 past ``max_queue``) while both peers were idle.
-
-    Added term: ``q_hat x (ahead + 1) / drain_rate`` where ``drain_rate`` is the measured rate at
-    which this region's local requests finish (completions per second over ``drain_window_s``; while
-    saturated, the rate at which slots free) and ``ahead`` the requests waiting before this one at
-    this LB. Unknown rate (too few completions yet): no term, the selector as in the simulator.
-    ``IngressConfig.stay_slot_wait=False`` turns it off. (The simulator's selector does not have
-    this term; it belongs in ``policy/remote.py`` for both, which this package's owner decides.)
-    """
-
-    def __init__(self, config, ingress: "RegionIngressImpl"):
-        super().__init__(config)
-        self._ing = ingress
-        self.last_slot_wait_s = 0.0
-        self.last_rtts: Dict[str, float] = {}  # the RTTs the last peer comparison used
-
-    def peer_costs(self, router, req, peers, now):
-        self.last_rtts = {r: self.rtt_of(router, r) for r in peers}
-        return super().peer_costs(router, req, peers, now)
-
-    def local_cost(self, router, req, now, shared=True):
-        c = super().local_cost(router, req, now, shared)
-        if c is None:
-            return None
-        w = self._ing.slot_wait_s(router.queue_len) if self._ing.local_available() <= 0 else 0.0
-        self.last_slot_wait_s = w
-        return c + self.config.q_hat * w
-
-
 def _now() -> float:
     return time.monotonic()
 
@@ -389,15 +361,12 @@ class RegionIngressImpl:
         self.model_deployment = getattr(model, "deployment_name", None)
         self.latency = LatencyInjector.from_spec(cfg.latency)
         self.router = RegionRouter(cfg.two_layer_config(), _LocalView(self), clock=_now)
-        if self.router.selector is not None and cfg.stay_slot_wait:
-            self.router.selector = _SlotWaitCostSelector(self.router.config.cost, self)
         for peer in cfg.peers:  # known but unheard: unavailable until a heartbeat says otherwise
             self.router.update_peer(PeerState(peer, 0, 0, float("-inf")))
         self._peer_handles: Dict[str, Any] = {}
         self._queue: deque = deque()
         self._queue_tokens: Dict[asyncio.Event, int] = {}  # prompt tokens of each waiting request
         self.decisions: Dict[str, int] = {}  # non-local region-layer decisions by kind:reason
-        self._local_done_at: deque = deque(maxlen=512)  # when local requests left their replica
         self._local_unrouted: set = set()
         self._rtt: Dict[str, float] = {}
         self._snapshot_dirty = False
@@ -598,25 +567,22 @@ class RegionIngressImpl:
 
     # ------------------------------------------------------------ admission (FCFS hold queue)
     def _local_done(self) -> None:
-        """A local request left its replica (done, failed or cancelled): a slot freed."""
-        self._local_done_at.append(_now())
+        """A local request left its replica (done, failed or cancelled): a slot freed. Feeds the
+        region layer's drain-rate estimate (``RegionRouter.on_local_complete``, as the simulator does)."""
+        self.router.on_local_complete(_now())
         self._kick()
 
     def local_drain_rate(self, now: Optional[float] = None) -> Optional[float]:
-        """Local requests finishing per second over the last ``cfg.drain_window_s`` (None: fewer than
-        ``drain_min_samples`` completions in the window). While the region is saturated this is the
-        rate at which its engine slots free up."""
-        now = _now() if now is None else now
-        lo = now - self.cfg.drain_window_s
-        ts = [t for t in self._local_done_at if t >= lo]
-        if len(ts) < self.cfg.drain_min_samples:
-            return None
-        span = max(now - ts[0], 1e-3)
-        return len(ts) / span
+        """Local requests finishing per second, as the 'cost' selector measures them
+        (``CostSelectorConfig.drain_window_s`` / ``drain_min_samples``; None: unknown, or no 'cost'
+        selector). While the region is saturated this is the rate at which its engine slots free up."""
+        sel = self.router.selector
+        return None if sel is None else sel.drain.rate(_now() if now is None else now)
 
     def slot_wait_s(self, ahead: int, now: Optional[float] = None) -> float:
         """Expected wait for a local engine slot of a request with ``ahead`` requests before it at
-        this LB, when no local replica is available: ``(ahead + 1) / drain rate`` (0 if unknown)."""
+        this LB: ``(ahead + 1) / drain rate`` (0 if unknown) -- the term the selector adds (times q̂)
+        to staying when ``stay_slot_wait`` is on and no local replica is available."""
         rate = self.local_drain_rate(now)
         return 0.0 if not rate else (max(0, ahead) + 1) / rate
 
@@ -913,6 +879,7 @@ class RegionIngressImpl:
             "heartbeat_extra": self.heartbeat_extra(),
             "last_costs_s": costs,  # the 'cost' selector's last comparison (stay = hold here)
             "last_cost_rtts_ms": None if used_rtt is None else {p: round(v * 1000, 2) for p, v in used_rtt.items()},
+            "last_slot_wait_s": getattr(sel, "last_slot_wait_s", None),  # the stay cost's slot wait (before q̂)
             "snapshot_nodes": self.router.snapshot.num_nodes,
             "snapshot_loaded_from_registry": self._snapshot_loaded,
             "registry": None if self.registry is None else self.registry.status(),

@@ -27,10 +27,11 @@ What is simulated
   **RTT probe**: the reply returns one RTT later and the sender calls ``RegionRouter.observe_rtt``
   with the measured sample (the 'cost' selector keeps an EWMA of them).
 * **Feedback to the policies**: before deciding its head request an LB calls
-  ``router.set_queue(len(queue), 0.0)`` (FCFS: nothing is queued ahead of the head); on completion
+  ``router.set_queue(0, 0.0)`` (FCFS: nothing is queued ahead of the head); on completion
   the serving LB calls ``policy.on_complete(..., ttft_s=...)`` with the TTFT *as the LB sees it*
   (first token at the replica + replica->LB delay - dispatch time), so the online t_p regression
-  learns. A central LB with ``DeploymentSpec.rtt_aware`` (GORGO-proxy) gets
+  learns, and ``router.on_local_complete(now)`` (the 'cost' selector's local drain rate). A central
+  LB with ``DeploymentSpec.rtt_aware`` (GORGO-proxy) gets
   ``policy.rtt_of_target(target, req)`` = RTT(client, LB) + RTT(LB, replica's region).
 * **Network**: client -> its LB -> (peer LB) -> replica, each hop paying the one-way delay of
   :class:`~ray_geolb.sim.network.RegionNetwork`; tokens come back along the same path, so TTFT and
@@ -509,8 +510,9 @@ class Simulator:
         trace = self.trace
         while q:
             req = q[0]
-            # FCFS: nothing is queued at this LB *ahead of* the head request (the cost selector's Q_lb)
-            router.set_queue(len(q), 0.0)
+            # FCFS: nothing is queued at this LB *ahead of* the head request (the cost selector's Q_lb
+            # and the slot wait's 'ahead')
+            router.set_queue(0, 0.0)
             d = router.decide(req.rreq, now)
             kind = d.kind
             if kind == "hold":
@@ -564,6 +566,7 @@ class Simulator:
         if req.t_first is not None:
             ttft = req.t_first + self._ow(req.replica.region, lb.region) - req.t_disp
         lb.policy.on_complete(req.rid, req.replica.id, self.now, ttft_s=ttft, ok=True, req=req.rreq)
+        lb.router.on_local_complete(self.now)  # the 'cost' selector's local drain rate (stay_slot_wait)
         self._pump(lb)
 
     def _on_stats_measure(self, rep: _Replica, b):

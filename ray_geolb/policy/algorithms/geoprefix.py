@@ -44,7 +44,14 @@ switch that flips all requests to load balancing at once (vllm-project/router #2
 
 Remote layer: ``TwoLayerConfig(remote="cost", cost=GEOPREFIX_COST)`` — the peer's LB queue,
 queued tokens and replica count from its heartbeat, forwards sent since the heartbeat, staleness
-inflation, RTT EWMA and the snapshot match (see :mod:`~ray_geolb.policy.remote`). Data residency:
+inflation, RTT EWMA and the snapshot match, and, in the cost of staying when no local replica is
+available, the wait for a local engine slot (``stay_slot_wait``: ``q̂·(ahead+1)/drain_rate``, the
+measured local completion rate; the simulator and the Serve ingress feed it alike through
+``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.remote`). Measured
+(``benchmarks/compare_policies.py``): the slot wait changes only network-hard among the simulated
+scenarios, and slightly for the worse (seeds 0-7: P99 TTFT 5.47 -> 5.82 s, GeoPrefix/SkyLB throughput
+1.036 -> 1.031); it is kept because in Ray Serve, without it, a saturated region held bursts (429s)
+while its peers were idle, and one code path for both is the point. Data residency:
 ``TwoLayerConfig.tenant_regions`` and ``RouteRequest.allowed_regions`` bound every forward.
 """
 
