@@ -3,8 +3,9 @@
 A target is a local replica (the replica trie) or a peer region (the regional snapshot).
 
 Blocks and keys: chained block hashes over the UTF-8 bytes of the canonical text. Block *i* covers
-bytes ``[end(i-1), end(i))``; its key is ``end(i) << 32 | CRC-32 of the whole prefix [0, end(i))``
-(the CRC computed incrementally, one C call per block). Block sizes grow geometrically with the
+bytes ``[end(i-1), end(i))``; its key is the 64-bit XXH3 hash of the block seeded with block
+*i-1*'s key, so it identifies the whole prefix ``[0, end(i))`` (one C call per block; XXH3 hashes
+a 32 KB prompt ~3× faster than zlib's CRC-32, which it replaced). Block sizes grow geometrically with the
 offset (``block_chars`` at the start, then ``growth`` × offset), so a 128k-character prompt is ~55
 blocks instead of 2,000, and a matched length is exact to within ``growth`` of itself. No prompt
 text is stored unless ``store_text=True``. The index is approximate by design: it records what the
@@ -36,14 +37,15 @@ from __future__ import annotations
 
 import math
 import time
-import zlib
 from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import Callable, Dict, Hashable, Iterable, List, NamedTuple, Optional
 
+import xxhash
+
 __all__ = ["PreparedText", "PrefixIndex"]
 
-_crc32 = zlib.crc32
+_xxh3 = xxhash.xxh3_64_intdigest
 _ROOT = -1  # parent key of first-level runs
 _INF = math.inf
 
@@ -126,7 +128,6 @@ class PrefixIndex:
         self._chars_by_target: Dict[Hashable, int] = {}
         self._bounds: List[int] = []
         self._slices: List[slice] = []
-        self._his: List[int] = []  # block end << 32: a key is (end << 32) | CRC-32 of the prefix
         self._extend_bounds(1 << 16)
         self.evictions = 0
 
@@ -138,7 +139,6 @@ class PrefixIndex:
         while end < upto:
             nxt = end + max(step_min, int(end * g))
             self._slices.append(slice(end, nxt))
-            self._his.append(nxt << 32)
             b.append(nxt)
             end = nxt
 
@@ -165,10 +165,10 @@ class PrefixIndex:
         keys = []
         append = keys.append
         mv = memoryview(data)
-        crc = 0
-        for sl, hi in zip(self._slices, self._his[:count]):
-            crc = _crc32(mv[sl], crc)
-            append(hi | crc)
+        h = 0
+        for sl in self._slices[:count]:
+            h = _xxh3(mv[sl], h)
+            append(h)
         return PreparedText(tuple(keys), ends, n, data if self.store_text else None)
 
     # ------------------------------------------------------------------ queries
@@ -337,7 +337,7 @@ class PrefixIndex:
             node = runs.get(h)
             if node is None:
                 break
-            if node[0] != prev:  # a CRC collision with another path: stop here, never corrupt the tree
+            if node[0] != prev:  # a hash collision with another path: stop here, never corrupt the tree
                 n = i
                 break
             rk = node[2]
@@ -361,7 +361,7 @@ class PrefixIndex:
         # 2) one new run for the rest of the prompt
         if i < n:
             h = keys[i]
-            if h in runs or keys[n - 1] in self._tail:  # CRC collision: leave the rest out
+            if h in runs or keys[n - 1] in self._tail:  # hash collision: leave the rest out
                 n = i
             else:
                 k = n - i
@@ -394,7 +394,7 @@ class PrefixIndex:
         parent, i0, rk = node
         back, front_tail = rk[m], rk[m - 1]
         if back in self._runs or front_tail in self._tail:
-            return False  # CRC collision with another run: refuse rather than corrupt
+            return False  # hash collision with another run: refuse rather than corrupt
         tg = self._tg[h]
         self._runs[h] = (parent, i0, rk[:m])
         self._runs[back] = (front_tail, i0 + m, rk[m:])
@@ -564,8 +564,7 @@ class PrefixIndex:
             assert tails.get(rk[-1]) == h, f"run {h} is not found by its tail key"
             tg = tgs[h]
             assert tg, f"empty run {h} kept"
-            for j, key in enumerate(rk):
-                assert key >> 32 == self._bounds[i0 + j], f"block {key} is not at block boundary {i0 + j}"
+            assert all(type(k) is int and k >= 0 for k in rk), f"run {h} holds a key that is not a block hash"
             size = self._span(i0, len(rk))
             blocks += len(rk)
             entries += len(rk) * len(tg)
