@@ -262,21 +262,25 @@ def main():
         for r in rows:
             print(f"{r['router']:28s} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['mean_ms']:8.3f} {r['cpu_p50_ms']:8.3f} {r['cpu_p99_ms']:8.3f} {r['rps']:8.1f} "
                   f"{r['affinity']:8.3f} {r['warm']:6.3f} {r['load1']:6.1f}  {r['spread']} {r['extra']}")
-        g = rows[0]
-        v = {"p50": g["p50_ms"], "p99": g["p99_ms"], "cpu_p50": g["cpu_p50_ms"], "cpu_p99": g["cpu_p99_ms"],
-             "thr": g["rps"] / p2["rps"], "aff": g["affinity"]}
-        verdicts.append(v)
-        print(f"GeoPrefixRouter vs bar: p50 {g['p50_ms']:.3f} ms (<= 0.1), p99 {g['p99_ms']:.3f} ms (<= 1), "
-              f"throughput {v['thr']:.0%} of power-of-two (>= 90%), affinity {g['affinity']:.3f} (>= 0.8); "
-              f"timed requests: {', '.join(str(r['n_timed']) for r in rows)}")
+        geo = [r for r in rows if r["router"].startswith("GeoPrefixRouter")]
+        vs = {}
+        for g in geo:
+            v = vs[g["router"]] = {"p50": g["p50_ms"], "p99": g["p99_ms"], "cpu_p50": g["cpu_p50_ms"],
+                                   "cpu_p99": g["cpu_p99_ms"], "thr": g["rps"] / p2["rps"], "aff": g["affinity"]}
+            ok = lambda c: "met" if c else "NOT met"  # noqa: E731
+            print(f"{g['router']} vs bar: p50 {v['p50']:.3f} ms (<= 0.1: {ok(v['p50'] <= 0.1)}), "
+                  f"p99 {v['p99']:.3f} ms (<= 1: {ok(v['p99'] <= 1.0)}), throughput {v['thr']:.0%} of power-of-two "
+                  f"(>= 90%: {ok(v['thr'] >= 0.9)}), affinity {v['aff']:.3f} (>= 0.8: {ok(v['aff'] >= 0.8)})")
+        verdicts.append(vs)
+        print(f"timed requests: {', '.join(str(r['n_timed']) for r in rows)}")
     if len(verdicts) > 1:
-        def span(k, fmt):
-            xs = [v[k] for v in verdicts]
-            return f"{k} " + " / ".join(fmt.format(x) for x in xs)
-        best = min(range(len(verdicts)), key=lambda i: verdicts[i]["p50"])
-        print(f"\nGeoPrefixRouter over {len(verdicts)} rounds (each round: {span('p50', '{:.3f}')} ms; "
-              f"{span('p99', '{:.3f}')} ms; {span('cpu_p50', '{:.3f}')} ms; {span('cpu_p99', '{:.3f}')} ms; "
-              f"{span('thr', '{:.0%}')}; {span('aff', '{:.3f}')}); best round by p50: {best + 1}")
+        for name in verdicts[0]:
+            def span(k, fmt):
+                xs = [v[name][k] for v in verdicts]
+                return f"{k} " + " / ".join(fmt.format(x) for x in xs)
+            print(f"\n{name} over {len(verdicts)} rounds: {span('p50', '{:.3f}')} ms; "
+                  f"{span('p99', '{:.3f}')} ms; {span('cpu_p50', '{:.3f}')} ms; {span('cpu_p99', '{:.3f}')} ms; "
+                  f"{span('thr', '{:.0%}')}; {span('aff', '{:.3f}')}")
 
 
 if __name__ == "__main__":
