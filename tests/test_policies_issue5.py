@@ -615,3 +615,29 @@ def test_the_simulator_feeds_every_local_completion_to_the_drain_rate():
     assert seen == done  # one drain sample per local completion, at the time the LB saw it
     assert all(lb.router.selector.config.stay_slot_wait for lb in sim.lbs.values())
     assert all(len(lb.router.selector.drain) for lb in sim.lbs.values() if done[lb.region])
+
+
+def test_work_tracker_unseen_uncached_memo_equals_a_fresh_sum():
+    """The cost loop's memoised per-replica sum must equal ``unseen()``'s, bit for bit, through any
+    mix of dispatches, completions, new report times and removed replicas."""
+    import random
+
+    from ray_geolb.policy.ttft_model import WorkItem, WorkTracker
+
+    rng = random.Random(11)
+    w = WorkTracker()
+    live = []
+    for step in range(3000):
+        op = rng.random()
+        if op < 0.45:
+            rid = f"q{step}"
+            w.add(WorkItem(rid, f"r{rng.randrange(4)}", step * 0.01, 100, rng.random() * 1000.0, 10))
+            live.append(rid)
+        elif op < 0.85 and live:
+            w.pop(live.pop(rng.randrange(len(live))))
+        elif op < 0.87:
+            w.remove_target(f"r{rng.randrange(4)}")
+        for t in ("r0", "r1", "r2", "r3"):
+            since = rng.choice([None, step * 0.01 - rng.random() * 0.5, step * 0.01 - 0.2])
+            assert w.unseen_uncached(t, since) == w.unseen(t, since)[2]
+            assert w.unseen_uncached(t, since) == w.unseen(t, since)[2]  # memoised answer

@@ -178,12 +178,14 @@ class WorkTracker:
     def __init__(self):
         self._by_target: Dict[Hashable, Dict[Hashable, WorkItem]] = {}
         self._req: Dict[Hashable, WorkItem] = {}
+        self._uncached_memo: Dict[Hashable, Tuple[Optional[float], float]] = {}  # target -> (since, sum)
 
     def add(self, item: WorkItem) -> None:
         if item.request_id in self._req:
             return
         self._req[item.request_id] = item
         self._by_target.setdefault(item.target, {})[item.request_id] = item
+        self._uncached_memo.pop(item.target, None)
 
     def pop(self, request_id: Hashable) -> Optional[WorkItem]:
         item = self._req.pop(request_id, None)
@@ -191,11 +193,28 @@ class WorkTracker:
             d = self._by_target.get(item.target)
             if d is not None:
                 d.pop(request_id, None)
+            self._uncached_memo.pop(item.target, None)
         return item
 
     def remove_target(self, target: Hashable) -> None:
         for rid in self._by_target.pop(target, {}):
             self._req.pop(rid, None)
+        self._uncached_memo.pop(target, None)
+
+    def unseen_uncached(self, target: Hashable, since: Optional[float]) -> float:
+        """``unseen(target, since)[2]`` (the same sum, in the same order), memoised per target until
+        that target's work or ``since`` (its latest report's timestamp) changes: a decision prices
+        every replica, but between two decisions only the one or two that dispatched or completed
+        a request changed."""
+        m = self._uncached_memo.get(target)
+        if m is not None and m[0] == since:
+            return m[1]
+        u = 0.0
+        for it in self._by_target.get(target, {}).values():
+            if since is None or it.t > since:
+                u += it.uncached_tokens
+        self._uncached_memo[target] = (since, u)
+        return u
 
     def items(self, target: Hashable) -> Iterator[WorkItem]:
         return iter(self._by_target.get(target, {}).values())

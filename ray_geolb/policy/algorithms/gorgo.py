@@ -168,7 +168,7 @@ class CostPolicy(PrefixPolicy):
         # queued_tokens(t) and outstanding(t), inlined (this loop is the decision's hot path)
         tstate = self.tracker._t
         out_of = self.tracker._out
-        work = self.work._by_target
+        unseen_uncached = self.work.unseen_uncached
         mean_prompt = self._mean_prompt
         qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
         out = {}
@@ -181,14 +181,10 @@ class CostPolicy(PrefixPolicy):
             residual = tp * max(0.0, L - hits.get(t, 0.0))
             st = tstate.get(t)
             s = st.stats if st is not None else None
-            queued = 0.0
-            items = work.get(t)
-            if items:
-                since = s.timestamp if s is not None else None
-                for it in items.values():
-                    if since is None or it.t > since:
-                        queued += it.uncached_tokens
-            queued = (s.num_waiting * mean_prompt if s is not None else 0.0) + queued
+            if s is not None:
+                queued = s.num_waiting * mean_prompt + unseen_uncached(t, s.timestamp)
+            else:
+                queued = 0.0 + unseen_uncached(t, None)
             c = w_prefill * residual + qt * queued  # qt = q_hat * tp, the same product as before
             if w_shared:
                 c += w_shared * residual * out_of.get(t, 0)
