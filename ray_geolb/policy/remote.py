@@ -121,20 +121,27 @@ def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, 
     The age of each match comes from ``times`` (filled by ``index.match(..., times=)``) or, without
     it, from ``index.access_times``."""
     floor = max(1, min_match_chars)
-    kept = {t: chars for t, chars in match.items() if chars >= floor}
-    if half_life_s is None or not kept:
-        times = {}
-    elif times is None:
-        times = index.access_times(prepared, kept) if index is not None else {}
+    fl = float(L)
     out = {}
-    for t, chars in kept.items():
-        w = 1.0
-        ts = times.get(t)
-        if ts is not None:
-            age = max(0.0, now - ts)  # as match_age
-            if age:
-                w = 0.5 ** (age / half_life_s)
-        out[t] = min(float(L), chars / chars_per_token) * w
+    if half_life_s is None:
+        for t, chars in match.items():
+            if chars >= floor:
+                x = chars / chars_per_token
+                out[t] = x if x < fl else fl
+        return out
+    if times is None:
+        kept = {t: chars for t, chars in match.items() if chars >= floor}
+        times = index.access_times(prepared, kept) if (index is not None and kept) else {}
+    get = times.get
+    for t, chars in match.items():
+        if chars < floor:
+            continue
+        x = chars / chars_per_token
+        x = x if x < fl else fl  # min(L, chars / chars_per_token)
+        ts = get(t)
+        if ts is not None and now > ts:  # age = max(0, now - ts) > 0, as match_age
+            x *= 0.5 ** ((now - ts) / half_life_s)
+        out[t] = x
     return out
 
 
