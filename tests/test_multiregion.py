@@ -7,9 +7,15 @@ handful of requests; inter-region latency injected at 0.1x the default RTT table
 """
 
 import asyncio
+import csv
+import importlib.util
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -400,3 +406,32 @@ def test_restarted_ingress_reloads_its_snapshot(geo):
     before, after = asyncio.run(run())
     assert before["snapshot_nodes"] > 0 and after["snapshot_nodes"] > 0
     assert after["counters"]["requests"] == 0  # a fresh replica: the snapshot came from the registry
+
+
+# ---------------------------------------------------------------------------------------------- Locust
+def test_locustfile_runs_headless_against_the_region_endpoints(geo, tmp_path):
+    """``examples/locustfile.py`` as a user runs it (headless, in its own process) against the real
+    region endpoints: multi-turn streamed conversations in all three regions, TTFT and where each
+    request was served reported as their own entries, no failed request."""
+    # never import locust here: importing it monkey-patches the process with gevent (Ray then hangs)
+    if importlib.util.find_spec("locust") is None:
+        pytest.skip("locust is not installed")
+    asyncio.run(wait_idle(geo))
+    prefix = tmp_path / "locust"
+    env = dict(os.environ, GEOLB_MAX_TOKENS="8", GEOLB_TURNS="3")
+    locustfile = Path(__file__).resolve().parents[1] / "examples" / "locustfile.py"
+    p = subprocess.run(
+        [sys.executable, "-m", "locust", "-f", str(locustfile), "--host", geo, "--headless", "-u", "5", "-r", "5",
+         "-t", "8s", "--csv", str(prefix), "--only-summary"],
+        capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
+    with open(f"{prefix}_stats.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    by_name = {r["Name"]: r for r in rows}
+    assert int(by_name["Aggregated"]["Failure Count"]) == 0
+    chats = [r for r in rows if r["Name"].endswith("/chat")]
+    assert sum(int(r["Request Count"]) for r in chats) >= 5, rows
+    assert any(r["Type"] == "TTFT" and int(r["Request Count"]) > 0 for r in rows), rows
+    served = [r for r in rows if r["Type"] == "SERVED"]
+    assert served and all(r["Name"].startswith("served:") for r in served), rows
+
