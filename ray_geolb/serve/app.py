@@ -192,6 +192,8 @@ def build_region_apps(
         server = serve.deployment(EmulatedEngineServer, **model_opts).bind(
             profile=engine_profile, time_scale=time_scale, output_tokens=output_tokens,
             engine_overrides=engine_overrides, region=region)
+        # One ingress replica per region: its in-process GeoPrefixRouter holds the region's SP-P credits
+        # and FCFS hold queue; N replicas would be N routers each granting a replica's full headroom.
         ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options=dict(actor_opts))
         apps.append(RegionApp(region, name, f"/{region}", ing.bind(server, icfg), router, icfg))
     return apps
