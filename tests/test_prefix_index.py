@@ -360,27 +360,31 @@ def test_property_runs_evict_exactly_like_a_per_entry_lru(ops, queries, budget, 
         assert idx.match(q) == ref.match(q.encode())
 
 
-def test_access_times_agree_with_last_access_at():
-    rng = random.Random(5)
+def _random_index(seed, n=80):
+    """An index with ``n`` random two-letter prompts sent round-robin to r0..r4 (times 0, 1, ...)."""
+    rng = random.Random(seed)
     idx = PrefixIndex(block_chars=4, growth=0.25)
-    texts_ = ["".join(rng.choices("ab", k=rng.randrange(4, 60))) for _ in range(80)]
+    texts_ = ["".join(rng.choices("ab", k=rng.randrange(4, 60))) for _ in range(n)]
     for i, t in enumerate(texts_):
         idx.insert(t, f"r{i % 5}", now=float(i))
+    return idx, texts_
+
+
+def test_access_times_agree_with_the_per_block_view():
+    idx, texts_ = _random_index(5)
+    blocks = idx._nodes
     for q in texts_[:30]:
         m = idx.match(q)
-        want = {t: idx.last_access_at(q, n, t) for t, n in m.items()}
+        p = idx.prepare(q)
+        want = {t: blocks[p.keys[p.ends.index(n)]].targets[t] for t, n in m.items()}
         assert idx.access_times(q, m) == want
-        assert all(v is not None for v in want.values())
+        assert {t: idx.last_access_at(q, n, t) for t, n in m.items()} == want
     assert idx.access_times("zzzzzzzz", {"r0": 4}) == {}
     assert idx.access_times(texts_[0], {"r0": 3}) == {}  # not a block boundary
 
 
 def test_match_fills_the_same_times_as_access_times():
-    rng = random.Random(9)
-    idx = PrefixIndex(block_chars=4, growth=0.25)
-    texts_ = ["".join(rng.choices("ab", k=rng.randrange(4, 60))) for _ in range(80)]
-    for i, t in enumerate(texts_):
-        idx.insert(t, f"r{i % 5}", now=float(i))
+    idx, texts_ = _random_index(9)
     for q in texts_[:40]:
         for avail in (None, {"r1", "r3"}):
             times = {}
