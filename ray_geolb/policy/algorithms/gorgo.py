@@ -129,9 +129,9 @@ class CostPolicy(PrefixPolicy):
     def queued_tokens(self, target: Hashable) -> float:
         """Prefill tokens ahead of a new request at ``target``: reported waiting + unseen dispatches."""
         s = self.tracker.stats(target)
-        waiting = s.num_waiting * self._mean_prompt if s is not None else 0.0
-        _, _, unseen = self.work.unseen(target, s.timestamp if s is not None else None)
-        return waiting + unseen
+        if s is None:
+            return 0.0 + self.work.unseen_uncached(target, None)
+        return s.num_waiting * self._mean_prompt + self.work.unseen_uncached(target, s.timestamp)
 
     def _floor(self, tp: float) -> float:
         return max(tp, self.config.ttft.prior_tp_s) if self.config.tp_floor == "prior" else tp
@@ -165,11 +165,8 @@ class CostPolicy(PrefixPolicy):
         pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
         rtt = self.rtt if self._rtt_fn is not None else None
         w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
-        # queued_tokens(t) and outstanding(t), inlined (this loop is the decision's hot path)
-        tstate = self.tracker._t
-        out_of = self.tracker._out
-        unseen_uncached = self.work.unseen_uncached
-        mean_prompt = self._mean_prompt
+        queued_tokens = self.queued_tokens
+        out_of = self.tracker._out  # outstanding(t), inlined
         qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
         out = {}
         for t in cands:
@@ -179,13 +176,7 @@ class CostPolicy(PrefixPolicy):
                 tp = self.t_p(t)
                 qt = q_hat * tp
             residual = tp * max(0.0, L - hits.get(t, 0.0))
-            st = tstate.get(t)
-            s = st.stats if st is not None else None
-            if s is not None:
-                queued = s.num_waiting * mean_prompt + unseen_uncached(t, s.timestamp)
-            else:
-                queued = 0.0 + unseen_uncached(t, None)
-            c = w_prefill * residual + qt * queued  # qt = q_hat * tp, the same product as before
+            c = w_prefill * residual + qt * queued_tokens(t)  # qt = q_hat * tp
             if w_shared:
                 c += w_shared * residual * out_of.get(t, 0)
             if rtt is not None:
