@@ -38,7 +38,6 @@ import os
 import random
 import statistics
 import string
-import tempfile
 import time
 from collections import Counter
 from types import SimpleNamespace
@@ -49,6 +48,7 @@ from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router i
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 
 import ray_geolb.serve as geo_serve
+from ray_geolb.serve.local import start_local_ray
 from ray_geolb.serve.router import DEFAULT_POLICY, GeoPrefixRouter
 
 
@@ -228,9 +228,7 @@ def main():
                     help="build all 600 prompts (19 MB) before the run instead of when each request is sent: the "
                          "router then reads each prompt from DRAM (cold caches), as no real ingress would")
     args = ap.parse_args()
-    ctx = ray.init(address="local", num_cpus=args.num_cpus, include_dashboard=False,
-                   _temp_dir=tempfile.mkdtemp(prefix="/tmp/rgB"), logging_level="error", log_to_driver=False)
-    assert ctx.address_info["node_id"]
+    start_local_ray(num_cpus=args.num_cpus, prefix="rgB", logging_level="error")
     serve.start()
     reqs = make_workload(args.requests)
     if args.prebuilt_prompts:

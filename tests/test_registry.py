@@ -1,7 +1,6 @@
 """RegionRegistry: pure state rules, then the real detached actor + RegistryClient on a local Ray."""
 
 import asyncio
-import tempfile
 import time
 
 import pytest
@@ -222,9 +221,9 @@ def test_latency_relay_delays_each_chunk():
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    tmp = tempfile.mkdtemp(prefix="geolb_reg_")
-    ctx = ray.init(address="local", num_cpus=1, include_dashboard=False, _temp_dir=tmp,
-                   namespace="geolb_test_registry", log_to_driver=False)
+    from ray_geolb.serve.local import start_local_ray
+
+    ctx = start_local_ray(num_cpus=1, prefix="rgR", namespace="geolb_test_registry")
     assert ctx.address_info["address"]  # our own cluster
     yield ray
     ray.shutdown()

@@ -1,7 +1,6 @@
 """Every policy of the core runs through GeoPrefixRouter's ``policy`` option on a real Ray Serve
 deployment (emulated engines): the same objects the simulator drives."""
 
-import tempfile
 
 import pytest
 
@@ -11,7 +10,7 @@ from ray import serve  # noqa: E402
 from ray_geolb.policy import policy_names  # noqa: E402
 from ray_geolb.serve import router_for  # noqa: E402
 from ray_geolb.serve.llm_server import emulated_deployment  # noqa: E402
-from ray_geolb.serve.local import free_port  # noqa: E402
+from ray_geolb.serve.local import free_port, start_local_ray  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -22,8 +21,7 @@ RAY_POLICIES = [p for p in policy_names() if p != "oracle"]
 
 @pytest.fixture(scope="module")
 def cluster():
-    ctx = ray.init(address="local", num_cpus=4, include_dashboard=False,
-                   _temp_dir=tempfile.mkdtemp(prefix="/tmp/rgP"), logging_level="warning", log_to_driver=False)
+    ctx = start_local_ray(num_cpus=4, prefix="rgP", logging_level="warning")
     serve.start(http_options={"port": free_port()})
     yield ctx
     serve.shutdown()

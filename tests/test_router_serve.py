@@ -6,7 +6,6 @@ process, so tests read its state through the per-process registry.
 
 import concurrent.futures as cf
 import socket
-import tempfile
 import time
 
 import pytest
@@ -17,6 +16,7 @@ from ray import serve  # noqa: E402
 from ray_geolb.serve import router_for  # noqa: E402
 from ray_geolb.serve.errors import RouterError, RouterQueueFull, RouterWaitTimeout  # noqa: E402
 from ray_geolb.serve.llm_server import emulated_deployment  # noqa: E402
+from ray_geolb.serve.local import start_local_ray  # noqa: E402
 from ray_geolb.serve.router import DEFAULT_POLICY, GeoPrefixRouter, extract_prompt_text  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -34,10 +34,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    tmp = tempfile.mkdtemp(prefix="/tmp/rgA")
-    ctx = ray.init(address="local", num_cpus=4, include_dashboard=False, _temp_dir=tmp,
-                   logging_level="warning", log_to_driver=False)
-    assert ctx.address_info["node_id"], "expected a fresh local Ray cluster"
+    ctx = start_local_ray(num_cpus=4, prefix="rgA", logging_level="warning")
     serve.start(http_options={"port": _free_port()})
     yield ctx
     serve.shutdown()

@@ -129,13 +129,12 @@ def test_sweep_on_ray_equals_sequential(tmp_path):
     runs = grid(["skylb", "ll"], [0], [{"us": 1, "eu": 1}], {"name": "tot", "kw": {"clients": {"us": 4, "eu": 2}}},
                 {"duration_s": 6.0})
     seq = run_many(runs, progress=False)
-    import tempfile
-
     import ray
 
-    tmp = tempfile.mkdtemp(prefix="rsw")  # short: Ray's socket paths must stay under ~107 characters
-    ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=tmp,
-             runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
+    from ray_geolb.serve.local import start_local_ray
+
+    start_local_ray(num_cpus=2, prefix="rsw",
+                    runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
     try:
         par = run_many(runs, ray=True, progress=False)  # uses the running local cluster
     finally:

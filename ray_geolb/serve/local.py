@@ -1,10 +1,22 @@
 """Local Ray clusters for the demo, tests and benchmarks: never a plain ``ray.init()`` (it would join
-whatever cluster already runs on the machine); regions are node labels, as in a real deployment."""
+whatever cluster already runs on the machine); regions are node labels, as in a real deployment.
+
+Nothing here relies on what an earlier run left on the machine. ``ray.cluster_utils.Cluster`` writes
+its address to ``<Ray's default temp dir>/ray_current_cluster`` (``$RAY_TMPDIR/ray`` or
+``/tmp/ray``) and crashes with ``FileNotFoundError`` when that folder does not exist -- which is the
+case on a fresh machine, and whenever ``RAY_TMPDIR`` names a new empty folder (as CI does). It would
+also overwrite the address of a cluster the user runs on the same machine. :func:`start_region_cluster`
+therefore points Ray's default temp dir at this run's own temp dir while the cluster starts (the
+address file lands there, and goes away with it) and creates the folder first.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
-from typing import List
+import tempfile
+from typing import Iterator, List, Optional
 
 REGION_LABEL = "ray.io/availability-region"
 
@@ -19,17 +31,74 @@ def free_port() -> int:
         s.close()
 
 
-def start_region_cluster(regions: List[str], tmp: str, namespace: str, num_cpus: int = 1):
+#: longest temp dir a local cluster may use: Ray puts Unix sockets at
+#: ``<dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store`` (~64 bytes more), and a socket
+#: path must stay under 108 bytes
+MAX_RAY_TEMP_DIR = 40
+
+
+def ray_temp_dir(prefix: str = "geolb_") -> str:
+    """A new empty folder for one local Ray cluster's session files: under ``$RAY_TMPDIR`` when set
+    (CI points it at a fresh folder) and short enough for Ray's socket paths, else under ``/tmp``
+    (or the system temp dir). Always new, so nothing an earlier run left is reused."""
+    prefix = prefix[:12]
+    candidates = [os.environ.get("RAY_TMPDIR"), "/tmp" if os.path.isdir("/tmp") else None, tempfile.gettempdir()]
+    for base in candidates:
+        if base and len(os.path.join(base, prefix)) + 8 <= MAX_RAY_TEMP_DIR:
+            os.makedirs(base, exist_ok=True)
+            return tempfile.mkdtemp(prefix=prefix, dir=base)
+    raise RuntimeError(f"no temp dir short enough for Ray's socket paths (<= {MAX_RAY_TEMP_DIR} characters); "
+                       "set RAY_TMPDIR to a short path such as /tmp/r")
+
+
+def start_local_ray(num_cpus: int = 2, prefix: str = "geolb_", **init_kwargs):
+    """``ray.init(address="local")`` -- a new single-node cluster of this process's own (never one
+    already running on the machine) in a new temp dir from :func:`ray_temp_dir`, no dashboard.
+    Extra keyword arguments go to ``ray.init`` (``namespace``, ``runtime_env``, ``logging_level``...).
+    Returns the ``ray.init`` context; the caller calls ``ray.shutdown()``."""
+    import ray
+
+    init_kwargs.setdefault("include_dashboard", False)
+    init_kwargs.setdefault("log_to_driver", False)
+    ctx = ray.init(address="local", num_cpus=num_cpus, _temp_dir=ray_temp_dir(prefix), **init_kwargs)
+    if not ctx.address_info.get("node_id"):
+        ray.shutdown()
+        raise RuntimeError("ray.init(address='local') did not start a new local cluster")
+    return ctx
+
+
+@contextlib.contextmanager
+def _default_ray_temp_dir(tmp: str) -> Iterator[None]:
+    """Ray's default temp dir is ``tmp`` (and exists) inside the block; the environment is restored after."""
+    old = os.environ.get("RAY_TMPDIR")
+    os.environ["RAY_TMPDIR"] = tmp
+    os.makedirs(os.path.join(tmp, "ray"), exist_ok=True)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("RAY_TMPDIR", None)
+        else:
+            os.environ["RAY_TMPDIR"] = old
+
+
+def start_region_cluster(regions: List[str], tmp: Optional[str] = None, namespace: str = "geolb",
+                         num_cpus: int = 1):
     """A local multi-node Ray cluster, one node per region labelled ``ray.io/availability-region``
-    (the head is the first region), with this process connected to it. Returns the ``Cluster``;
-    the caller shuts it down (``ray.shutdown(); cluster.shutdown()``)."""
+    (the head is the first region), with this process connected to it. ``tmp``: the cluster's temp
+    dir (None: a new one from :func:`ray_temp_dir`). Returns the ``Cluster``; the caller shuts it
+    down (``ray.shutdown(); cluster.shutdown()``)."""
     import ray
     from ray.cluster_utils import Cluster
 
     if not regions:
         raise ValueError("start_region_cluster needs at least one region")
-    cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-        "num_cpus": num_cpus, "labels": {REGION_LABEL: regions[0]}, "include_dashboard": False, "temp_dir": tmp})
+    tmp = tmp or ray_temp_dir()
+    os.makedirs(tmp, exist_ok=True)
+    with _default_ray_temp_dir(tmp):
+        cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
+            "num_cpus": num_cpus, "labels": {REGION_LABEL: regions[0]}, "include_dashboard": False,
+            "temp_dir": tmp})
     try:
         for r in regions[1:]:
             cluster.add_node(num_cpus=num_cpus, labels={REGION_LABEL: r})

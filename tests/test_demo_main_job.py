@@ -1,0 +1,45 @@
+"""The README's main job, end to end, as a new user runs it: ``python -m ray_geolb demo`` in its own
+process, on a fresh Ray temp dir (``RAY_TMPDIR`` = a new empty folder, as on a fresh machine), with a
+few seconds of load per router. It must print the comparison table and write a non-empty PNG and
+JSON with one row per router, every request answered."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+pytest.importorskip("ray")
+pytest.importorskip("httpx")
+pytest.importorskip("matplotlib")
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+
+
+def test_demo_runs_on_a_fresh_machine(tmp_path):
+    # new and empty (no /tmp/ray from earlier runs to lean on), and short (Ray's socket paths)
+    ray_tmp = tempfile.mkdtemp(prefix="rd")
+    out = tmp_path / "demo"
+    env = dict(os.environ, RAY_TMPDIR=ray_tmp)
+    try:
+        p = subprocess.run([sys.executable, "-m", "ray_geolb", "demo", "--duration", "4", "--out", str(out)],
+                           capture_output=True, text=True, timeout=540, env=env)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    tail = (p.stdout[-4000:], p.stderr[-4000:])
+    assert p.returncode == 0, tail
+    lines = p.stdout.splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("router") and "TTFT p50" in ln)
+    rows = lines[head + 2: head + 5]
+    assert [r.split("  ")[0].strip() for r in rows] == [
+        "GeoPrefixRouter (GeoPrefix)", "Ray default (pow-2)", "Ray PrefixCacheAffinity"], lines[head:head + 5]
+    png = out / "demo.png"
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    data = json.loads((out / "demo.json").read_text())
+    assert [r["router"] for r in data["rows"]] == ["geo", "pow2", "ray_prefix"]
+    for r in data["rows"]:
+        assert r["ok"] > 0 and r["errors"] == 0 and r["ttft_p50_ms"] > 0, r
+    assert "admin_token" not in data["args"]
