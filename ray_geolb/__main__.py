@@ -3,12 +3,23 @@
 * ``demo``      — the main job: a local, CPU-only, three-region Ray Serve demo (emulated engines).
 * ``simulate``  — the multi-region discrete-event simulator (policies x workloads x scenarios).
 * ``policies``  — a quick, Ray-free look at the policy core: every policy on one small workload.
+
+Every package these commands import is a declared dependency (core, or the ``demo`` extra the
+README installs). If one is missing anyway (a partial install), the command stops with a one-line
+error naming the package and the install command, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+#: top-level module -> the pip requirement that provides it (pyproject.toml: core deps + ``[demo]``)
+_PROVIDERS = {
+    "xxhash": "xxhash", "numpy": "numpy", "pydantic": "pydantic", "ray": "ray[serve]==2.60.*",
+    "fastapi": "fastapi<0.137", "httpx": "ray_geolb[demo]", "matplotlib": "ray_geolb[demo]",
+    "tqdm": "ray_geolb[demo]",
+}
 
 
 def _policies(args) -> int:
@@ -17,34 +28,46 @@ def _policies(args) -> int:
     return run(args)
 
 
-def main(argv=None) -> int:
+def _build_parser() -> argparse.ArgumentParser:
+    from ray_geolb.sim.cli import add_simulate_parser, run_simulate
+
     ap = argparse.ArgumentParser(prog="python -m ray_geolb", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     demo = sub.add_parser("demo", help="three-region Ray Serve demo on this machine (CPU only)", add_help=False)
     demo.set_defaults(func=None)
 
-    try:
-        from ray_geolb.sim.cli import add_simulate_parser, run_simulate
-    except ImportError:  # simulator CLI not available in this build
-        add_simulate_parser = None
-    if add_simulate_parser is not None:
-        sp = add_simulate_parser(sub)
-        sp.set_defaults(func=run_simulate)
+    sp = add_simulate_parser(sub)
+    sp.set_defaults(func=run_simulate)
 
     pol = sub.add_parser("policies", help="compare every policy on a small synthetic workload (no Ray)")
     pol.add_argument("--requests", type=int, default=2000)
     pol.add_argument("--replicas", type=int, default=8)
     pol.add_argument("--seed", type=int, default=0)
     pol.set_defaults(func=_policies)
+    return ap
 
+
+def _run(argv) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         from ray_geolb.demo import main as demo_main
 
         return demo_main(argv[1:]) or 0
-    args = ap.parse_args(argv)
+    args = _build_parser().parse_args(argv)
     return args.func(args) or 0
+
+
+def main(argv=None) -> int:
+    try:
+        return _run(argv)
+    except ModuleNotFoundError as e:
+        top = (e.name or "").split(".")[0]
+        if top not in _PROVIDERS:
+            raise
+        print(f"error: ray_geolb needs the Python package {top!r}, which is not installed here; install it "
+              f"with: pip install \"{_PROVIDERS[top]}\" (or reinstall: pip install -e \".[demo]\")", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
