@@ -118,3 +118,38 @@ def test_aws_has_explicit_resources_and_region_labels():
     for name, nt in raw["available_node_types"].items():
         assert nt.get("resources"), f"{name}: offline validation needs explicit resources"
         assert nt["labels"][REGION_KEY] == "us"
+
+
+# ---------------------------------------------------------------------------------------------- install step
+WHEEL_MOUNT_SOURCE = "./dist"  # where `python -m pip wheel --no-deps -w dist .` puts the wheel
+
+
+def test_install_step_installs_the_wheel_this_repository_builds(tmp_path):
+    """ray_geolb is not on PyPI: every YAML ships the wheel that the documented command builds from
+    this repository (file_mounts ./dist) and installs that very file. Build it here, offline, the way
+    cluster_configs/README.md says, and check the YAMLs name exactly what was built."""
+    import subprocess
+    import sys
+    import zipfile
+
+    root = CONFIG_DIR.parent
+    out = tmp_path / "dist"
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                        "-w", str(out), str(root)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    wheels = list(out.glob("ray_geolb-*.whl"))
+    assert len(wheels) == 1, wheels
+    whl = wheels[0]
+    names = zipfile.ZipFile(whl).namelist()
+    assert "ray_geolb/serve/router.py" in names and any(n.startswith("ray_geolb/data/") for n in names)
+    readme = (CONFIG_DIR / "README.md").read_text()
+    assert "python -m pip wheel --no-deps -w dist ." in readme
+    for path in YAMLS:
+        raw = load(path)
+        mounts = {remote: local for remote, local in (raw.get("file_mounts") or {}).items()}
+        remote = [r for r, local in mounts.items() if local == WHEEL_MOUNT_SOURCE]
+        assert len(remote) == 1, f"{path.name}: no file_mounts entry ships {WHEEL_MOUNT_SOURCE}: {mounts}"
+        mount = remote[0].replace("~/", "$HOME/")
+        installs = [c for c in raw.get("setup_commands", []) if "pip install" in c]
+        assert any(f"{mount}/{whl.name}[llm]" in c for c in installs), (path.name, whl.name, installs)
+        assert not any(re.search(r"\sray_geolb(\s|$)", c) for c in installs), "installs ray_geolb from PyPI"
