@@ -141,3 +141,81 @@ def test_seen_margin_keeps_a_just_dispatched_request_unseen():
         assert t.is_available("a") is available  # margin 0: r1's slot would be granted twice
     with pytest.raises(ValueError, match="seen_margin_s"):
         LoadTracker(seen_margin_s=-1)
+
+
+# ---------------------------------------------------------------------------------------------- frozen reports
+def frozen_tracker(bound=5.0):
+    t = LoadTracker("sp-p", stale_report_s=bound)
+    t.set_targets(["a"])
+    return t
+
+
+def test_a_frozen_waiting_report_is_distrusted_after_the_bound():
+    """An idle engine that keeps sending the same "1 waiting" (fresh timestamps, unchanged figures)
+    while this router has nothing in flight there: trusted for ``stale_report_s``, then ignored --
+    one probe slot, no KV budget -- until a report with other figures arrives."""
+    t = frozen_tracker(5.0)
+    t.on_dispatch("a", "r1", 0.0)
+    t.on_complete("r1", "a", now=1.0)  # the router's last request there left at t=1
+    for ts in (1.0, 2.0, 4.0, 5.5):
+        t.on_stats("a", stats(waiting=1, ts=ts, max_num_seqs=8))
+        assert not t.is_available("a"), ts  # figures unchanged for < 5 s since t=1
+    t.on_stats("a", stats(waiting=1, ts=6.5, max_num_seqs=8))
+    assert t.is_available("a") and t.distrusted_reports == 1
+    t.on_dispatch("a", "probe", 6.6)
+    assert not t.is_available("a")  # one probe only (unknown_headroom = 1)
+    t.on_stats("a", stats(waiting=0, running=1, ts=7.0, max_num_seqs=8))  # a real report: trusted again
+    assert t.is_available("a") and t.distrusted_reports == 1
+
+
+def test_a_waiting_report_is_trusted_while_this_router_has_requests_there():
+    t = frozen_tracker(5.0)
+    t.on_dispatch("a", "r1", 0.0)
+    for ts in range(0, 30, 2):
+        t.on_stats("a", stats(waiting=1, running=4, ts=float(ts), max_num_seqs=4))
+        assert not t.is_available("a")
+    assert t.distrusted_reports == 0
+
+
+def test_changing_waiting_reports_are_trusted():
+    """Another router's requests really wait there: the figures keep changing, so never distrusted."""
+    t = frozen_tracker(5.0)
+    for i, ts in enumerate(range(0, 30, 1)):
+        t.on_stats("a", stats(waiting=1 + i % 2, running=4, ts=float(ts), max_num_seqs=4))
+        assert not t.is_available("a")
+    assert t.distrusted_reports == 0
+
+
+def test_revalidate_catches_reports_that_stopped_changing_timestamps():
+    """A source that stops reporting (or repeats the same timestamp, which the router de-duplicates)
+    never calls on_stats again: the hold path's revalidate applies the same rule by the clock."""
+    t = frozen_tracker(5.0)
+    t.on_stats("a", stats(waiting=1, ts=10.0, max_num_seqs=8))
+    assert t.revalidate(12.0) == 0 and not t.is_available("a")
+    assert t.revalidate(15.5) == 1 and t.is_available("a")
+    off = LoadTracker("sp-p", stale_report_s=None)
+    off.set_targets(["a"])
+    off.on_stats("a", stats(waiting=1, ts=10.0, max_num_seqs=8))
+    assert off.revalidate(1e9) == 0 and not off.is_available("a")
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"num_waiting": float("nan")}, "num_waiting"),
+    ({"num_running": -1}, "num_running"),
+    ({"num_waiting": 1.5}, "whole number"),
+    ({"kv_cache_usage": float("nan")}, "kv_cache_usage"),
+    ({"kv_cache_usage": 1.7}, "kv_cache_usage"),
+    ({"timestamp": float("inf")}, "timestamp"),
+    ({"timestamp": float("nan")}, "timestamp"),
+    ({"timestamp": 1000.0 + 60}, "future"),
+    ({"max_num_seqs": -4}, "max_num_seqs"),
+])
+def test_malformed_reports_are_rejected_naming_the_field(bad, needle):
+    d = {"num_waiting": 0, "num_running": 1, "kv_cache_usage": 0.2, "timestamp": 999.0, **bad}
+    with pytest.raises(ValueError, match=needle):
+        ReplicaStats.from_dict(d, now=1000.0)
+
+
+def test_a_report_within_the_clock_skew_allowance_is_accepted():
+    rs = ReplicaStats.from_dict({"num_waiting": 0, "timestamp": 1001.5}, now=1000.0)
+    assert rs.timestamp == 1001.5

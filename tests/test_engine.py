@@ -434,3 +434,28 @@ def test_decode_fast_path_is_identical_to_general_path(reqs, blocks, seqs, budge
         now += a.duration
     assert not fast.has_work() and not slow.has_work()
     assert fast.stats() == slow.stats()
+
+
+def test_an_abort_that_leaves_the_engine_idle_refreshes_its_report():
+    """A request waiting in the engine is aborted (its client left) and nothing else is running: the
+    engine runs no further step, so the abort itself must refresh the reported waiting count --
+    otherwise the replica reports ``num_waiting=1`` for good and SP-P never sends it work again."""
+    eng = make(max_num_seqs=1)
+    eng.add_request(EngineRequest("busy", 50, 3), 0.0)
+    eng.add_request(EngineRequest("queued", 50, 3), 0.0)
+    eng.step(0.0)
+    assert eng.stats()["num_waiting"] == 1  # precondition: the second request waits
+    assert eng.abort("busy") and eng.abort("queued")
+    assert eng.next_ready_time() is None  # idle: no step will refresh the stats
+    st = eng.stats()
+    assert (st["num_waiting"], st["num_running"]) == (0, 0)
+
+
+def test_an_abort_keeps_counting_requests_that_still_wait():
+    eng = make(max_num_seqs=1)
+    for r in ("busy", "w1", "w2"):
+        eng.add_request(EngineRequest(r, 50, 3), 0.0)
+    eng.step(0.0)
+    assert eng.stats()["num_waiting"] == 2
+    eng.abort("w1")
+    assert eng.stats()["num_waiting"] == 1

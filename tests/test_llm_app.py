@@ -3,7 +3,6 @@ request_router_class=GeoPrefixRouter, over HTTP on the Serve proxy port; plus th
 plugin on CPU."""
 
 import json
-import tempfile
 import time
 import urllib.request
 
@@ -13,7 +12,7 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve.llm_server import GUARD_HOOK, guard_broken_torch_extras  # noqa: E402
-from ray_geolb.serve.local import free_port  # noqa: E402
+from ray_geolb.serve.local import free_port, start_local_ray  # noqa: E402
 
 guard_broken_torch_extras()  # this venv: CUDA torchvision / torchaudio 2.11 over torch 2.13+cpu
 pytest.importorskip("vllm")
@@ -108,13 +107,10 @@ def test_geo_vllm_server_class_builds():
 def llm_app():
     from ray_geolb.serve.llm_server import build_emulated_openai_app, emulated_llm_config
 
-    tmp = tempfile.mkdtemp(prefix="/tmp/rgL")
     # job-level hook: a per-replica runtime_env hook did not run before the OpenAiIngress replica
     # unpickled its class (which imports vLLM) in Ray 2.60
-    ctx = ray.init(address="local", num_cpus=4, include_dashboard=False, _temp_dir=tmp,
-                   logging_level="warning", log_to_driver=False,
-                   runtime_env={"worker_process_setup_hook": GUARD_HOOK})
-    assert ctx.address_info["node_id"]
+    start_local_ray(num_cpus=4, prefix="rgL", logging_level="warning",
+                    runtime_env={"worker_process_setup_hook": GUARD_HOOK})
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = emulated_llm_config("emu-llama", num_replicas=2, router_kwargs={"policy": "skylb"},
@@ -162,3 +158,31 @@ def test_openai_completions_over_http(llm_app):
     st, _, text = _post(llm_app + "/v1/completions", {"model": "emu-llama", "prompt": "once upon a time", "max_tokens": 4})
     out = json.loads(text)
     assert st == 200 and out["choices"][0]["text"].count("tok") == 4
+
+
+def test_vllm_path_reports_an_idle_engine_as_idle():
+    """vLLM records stats only when its engine steps. Real ``SchedulerStats`` through the plugin: while
+    the server has requests in flight the last record stands; once it has had none for the grace
+    period, the report says idle with a fresh timestamp (a last record of "1 waiting" cannot freeze
+    the replica); malformed records are ignored and counted."""
+    from vllm.v1.metrics.stats import SchedulerStats
+
+    from ray_geolb.policy import ReplicaStats
+    from ray_geolb.serve import stats_plugin as sp
+
+    sp.reset_stats()
+    lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
+    lg.record(SchedulerStats(num_running_reqs=0, num_waiting_reqs=1, kv_cache_usage=0.05), None)
+    last = sp.latest_stats()
+    assert last["num_waiting"] == 1
+    now = last["timestamp"] + 30.0
+    busy = sp.routing_stats(last, active=1, idle_since=float("-inf"), now=now)
+    assert busy["num_waiting"] == 1 and busy["timestamp"] == last["timestamp"]
+    just_idle = sp.routing_stats(last, active=0, idle_since=now - 0.1, now=now)
+    assert just_idle["num_waiting"] == 1  # within the grace period: the abort may still be in flight
+    idle = sp.routing_stats(last, active=0, idle_since=now - 1.0, now=now)
+    rs = ReplicaStats.from_dict(idle, now=now)
+    assert (rs.num_waiting, rs.num_running, rs.timestamp) == (0, 0, now)
+    lg.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=float("nan")), None)
+    assert lg.bad_records == 1 and sp.latest_stats()["num_waiting"] == 1  # the bad record was dropped
+    sp.reset_stats()

@@ -27,8 +27,24 @@ Modes:
   ``max_burst`` is only a safety cap on slots for very stale reports; the KV budget is what tracks
   the engine's real admission limit.
 
+A report can freeze: an engine left idle (e.g. by an aborted request) runs no further step, so it
+may keep sending -- with fresh timestamps -- the figures it had, ``num_waiting=1`` included, and SP-P
+would shun an idle replica for good. The tracker therefore **stops trusting** a report that says
+something waits when (a) its figures (waiting, running, KV usage) have not changed for
+``stale_report_s`` and (b) this router has had nothing in flight at that target for as long: the
+waiting count is then ignored and the target gets ``unknown_headroom`` slots (no KV budget), so one
+request probes it and the engine's next report is trusted again. The bound (5 s by default, ten of
+GeoPrefixRouter's 0.5 s report periods) is long enough that a loaded engine -- whose KV usage and
+running count change every step -- never matches it, and a legitimately waiting queue of another
+router's requests keeps changing figures too. ``stale_report_s=None`` turns the rule off.
+
+Reports are validated (:meth:`ReplicaStats.from_dict`): a non-finite or future timestamp (beyond
+``max_future_s`` of clock skew), a NaN/inf/negative load or a KV usage outside [0, 1] raises
+``ValueError`` naming the field; the caller counts and logs it and keeps the previous report.
+
 Everything is O(1) per event and the set of available targets is maintained incrementally, so a
-routing decision never scans all targets.
+routing decision never scans all targets (:meth:`LoadTracker.revalidate`, which re-checks frozen
+reports of unavailable targets, is O(targets) and meant for the hold path only).
 """
 
 from __future__ import annotations
@@ -52,6 +68,19 @@ def _nonneg_number(v, what: str) -> float:
     if not (x >= 0.0 and math.isfinite(x)):
         raise ValueError(f"{what} must be finite and >= 0, got {v!r}")
     return x
+
+
+def _count(v, what: str) -> int:
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+        raise ValueError(f"replica stats have a negative {what}: {v!r}")
+    x = _nonneg_number(v, what)
+    if x != int(x):
+        raise ValueError(f"{what} must be a whole number, got {v!r}")
+    return int(x)
+
+
+def _count_or_none(v, what: str) -> Optional[int]:
+    return None if v is None else _count(v, what)
 
 
 def parse_ttft_samples(v) -> Optional[Tuple[Tuple[float, float], ...]]:
@@ -102,8 +131,14 @@ class ReplicaStats:
     }
 
     @classmethod
-    def from_dict(cls, d: dict, default_timestamp: float = 0.0) -> "ReplicaStats":
-        """Parse a stats dict as vLLM (SchedulerStats names) or our emulated engine reports it."""
+    def from_dict(cls, d: dict, default_timestamp: float = 0.0, now: Optional[float] = None,
+                  max_future_s: float = 2.0) -> "ReplicaStats":
+        """Parse a stats dict as vLLM (SchedulerStats names) or our emulated engine reports it.
+
+        Raises ``ValueError`` naming the field for a non-finite timestamp, a timestamp more than
+        ``max_future_s`` after ``now`` (when ``now`` is given: clock skew beyond that would make
+        every later dispatch look counted by the report), a NaN/inf/negative count, or a KV usage
+        that is not a finite fraction in [0, 1]."""
         if not isinstance(d, dict):
             raise TypeError(f"replica stats must be a dict, got {type(d).__name__}")
         vals = {}
@@ -112,26 +147,40 @@ class ReplicaStats:
                 if d.get(n) is not None:
                     vals[field] = d[n]
                     break
+        kv = vals.get("kv_cache_usage")
+        if kv is not None:
+            kv = _nonneg_number(kv, "kv_cache_usage")
+            if kv > 1.0:
+                raise ValueError(f"kv_cache_usage must be a fraction in [0, 1], got {vals['kv_cache_usage']!r}")
+        ts = vals.get("timestamp", default_timestamp)
+        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+            raise ValueError(f"timestamp must be a finite number, got {ts!r}")
+        ts = float(ts)
+        if now is not None and ts > now + max_future_s:
+            raise ValueError(f"timestamp {ts:.3f} is {ts - now:.3f} s in the future (more than "
+                             f"{max_future_s:g} s of clock skew)")
         s = cls(
-            num_waiting=int(vals.get("num_waiting", 0)),
-            num_running=int(vals.get("num_running", 0)),
-            kv_cache_usage=None if vals.get("kv_cache_usage") is None else float(vals["kv_cache_usage"]),
-            timestamp=float(vals.get("timestamp", default_timestamp)),
-            max_num_seqs=None if vals.get("max_num_seqs") is None else int(vals["max_num_seqs"]),
-            num_gpu_blocks=None if vals.get("num_gpu_blocks") is None else int(vals["num_gpu_blocks"]),
-            block_tokens=None if vals.get("block_tokens") is None else int(vals["block_tokens"]),
+            num_waiting=_count(vals.get("num_waiting", 0), "num_waiting"),
+            num_running=_count(vals.get("num_running", 0), "num_running"),
+            kv_cache_usage=kv,
+            timestamp=ts,
+            max_num_seqs=_count_or_none(vals.get("max_num_seqs"), "max_num_seqs"),
+            num_gpu_blocks=_count_or_none(vals.get("num_gpu_blocks"), "num_gpu_blocks"),
+            block_tokens=_count_or_none(vals.get("block_tokens"), "block_tokens"),
             ttft_samples=parse_ttft_samples(d.get("ttft_samples")),
         )
-        if s.num_waiting < 0 or s.num_running < 0:
-            raise ValueError(f"replica stats have negative counts: {d!r}")
         return s
 
 
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
-                 "tokens_inflight")
+                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted")
 
     def __init__(self):
+        self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
+        self.figures_since = 0.0  # report time at which these figures were first reported
+        self.idle_since = -math.inf  # when this router last had nothing in flight here (-inf: never sent)
+        self.distrusted = False  # the last report's waiting count is ignored (frozen report)
         self.inflight: Dict[Hashable, tuple] = {}  # request id -> (dispatch time, tokens)
         self.stats: Optional[ReplicaStats] = None
         self.unseen = 0  # in flight, dispatched after stats.timestamp
@@ -153,6 +202,7 @@ class LoadTracker:
         max_burst: int = 32,
         request_tokens: int = 1024,
         seen_margin_s: float = 0.0,
+        stale_report_s: Optional[float] = 5.0,
     ):
         if mode not in AVAILABILITY_MODES:
             raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
@@ -165,6 +215,13 @@ class LoadTracker:
         #: a request dispatched less than this before a report was measured is not assumed to be
         #: in it (in a real deployment it may still be in the API server / on the wire)
         self.seen_margin_s = float(seen_margin_s)
+        if stale_report_s is not None and not (isinstance(stale_report_s, (int, float)) and stale_report_s > 0):
+            raise ValueError(f"stale_report_s must be a number > 0 or None, got {stale_report_s!r}")
+        #: a report that says something waits is ignored once its figures are this old and this router
+        #: has had nothing in flight at the target for as long (None: always trusted); see the docstring
+        self.stale_report_s = None if stale_report_s is None else float(stale_report_s)
+        #: reports ignored by that rule so far
+        self.distrusted_reports = 0
         self.mode = mode
         self.max_outstanding = max_outstanding
         self.unknown_headroom = unknown_headroom
@@ -213,6 +270,11 @@ class LoadTracker:
         if st.stats is not None and stats.timestamp < st.stats.timestamp:
             return  # an older report arrived late: keep the newer one
         st.stats = stats
+        figures = (stats.num_waiting, stats.num_running, stats.kv_cache_usage)
+        if figures != st.figures:
+            st.figures = figures
+            st.figures_since = stats.timestamp
+        st.distrusted = False
         ts = stats.timestamp - self.seen_margin_s
         n = tok = 0
         for t, k in st.inflight.values():
@@ -222,7 +284,37 @@ class LoadTracker:
         st.unseen, st.unseen_tokens = n, tok
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
+        if stats.num_waiting > 0 and self.stale_report_s is not None:
+            self._check_frozen(st, stats.timestamp)
         self._refresh(target, st)
+
+    def _check_frozen(self, st: _Target, now: float) -> bool:
+        """Ignore the report's waiting count if it is frozen (see the module docstring)."""
+        bound = self.stale_report_s
+        if (st.distrusted or st.inflight or now - st.figures_since < bound or now - st.idle_since < bound):
+            return False
+        st.distrusted = True
+        st.credits, st.kv_budget = self.unknown_headroom, None
+        st.completed_seen = 0
+        self.distrusted_reports += 1
+        return True
+
+    def revalidate(self, now: float) -> int:
+        """Re-check the unavailable targets whose last report says something waits against the
+        frozen-report rule at time ``now`` (reports may stop coming, or repeat unchanged with the
+        same timestamp, so :meth:`on_stats` alone cannot notice). O(targets): call it when a request
+        is held, not per decision. Returns how many targets it made available."""
+        if self.stale_report_s is None or self.mode != "sp-p":
+            return 0
+        n = 0
+        avail = self.available
+        for target, st in self._t.items():
+            if target in avail or st.stats is None or st.stats.num_waiting <= 0:
+                continue
+            if self._check_frozen(st, now):
+                self._refresh(target, st)
+                n += target in avail
+        return n
 
     def _headroom(self, s: ReplicaStats):
         """(request slots, free KV tokens or None) that a report grants."""
@@ -254,8 +346,10 @@ class LoadTracker:
             st.unseen_tokens += tokens
         self._refresh(target, st)
 
-    def on_complete(self, request_id: Hashable, target: Hashable = None) -> bool:
-        """Uncount a request (completion, cancel or error). Returns False if it was not in flight."""
+    def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None) -> bool:
+        """Uncount a request (completion, cancel or error). Returns False if it was not in flight.
+        ``now`` (the caller's clock) dates the moment the target's in-flight count fell to 0, for
+        the frozen-report rule; without it the request's dispatch time stands in."""
         if target is None:
             target = self._req_target.get(request_id)
         st = self._t.get(target)
@@ -268,6 +362,8 @@ class LoadTracker:
             return False
         self._out[target] = len(st.inflight)
         t, tok = entry
+        if not st.inflight:
+            st.idle_since = t if now is None else now
         st.tokens_inflight = max(0, st.tokens_inflight - tok)
         if st.stats is None or t > st.stats.timestamp - self.seen_margin_s:
             st.unseen = max(0, st.unseen - 1)
@@ -290,7 +386,7 @@ class LoadTracker:
             return True
         if mode == "sp-o":
             return len(st.inflight) < self.max_outstanding
-        waiting = st.stats.num_waiting if st.stats is not None else 0
+        waiting = st.stats.num_waiting if st.stats is not None and not st.distrusted else 0
         freed = max(0, st.completed_seen - waiting)
         if st.credits + freed - st.unseen <= 0:
             return False

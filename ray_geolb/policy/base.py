@@ -128,6 +128,7 @@ class Policy:
             max_burst=av.max_burst,
             request_tokens=av.request_tokens,
             seen_margin_s=av.seen_margin_s,
+            stale_report_s=av.stale_report_s,
         )
         self.rng = random.Random(self.config.seed)
         self.cache_probe = cache_probe
@@ -190,7 +191,7 @@ class Policy:
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: float = 0.0,
                     ttft_s: Optional[float] = None, ok: bool = True, req: RouteRequest = None) -> None:
-        self.tracker.on_complete(request_id, target)
+        self.tracker.on_complete(request_id, target, now)
 
     def on_stats(self, target: Hashable, stats: ReplicaStats) -> None:
         if target in self._target_set:

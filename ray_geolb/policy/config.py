@@ -38,6 +38,7 @@ class AvailabilityConfig(_Strict):
     unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report has no capacity fields")
     max_burst: int = Field(32, ge=1, description="SP-P: safety cap on requests sent to one replica between two reports")
     seen_margin_s: float = Field(0.0, ge=0.0, description="SP-P: a request dispatched less than this before a report was measured is not assumed to be counted by it (0 in the simulator, where reports are exact; GeoPrefixRouter defaults it to 0.05 s for the API-server/transport delay)")
+    stale_report_s: Optional[float] = Field(5.0, gt=0.0, description="SP-P: a report that says requests wait is ignored once its figures have not changed for this long while this router had nothing in flight at that replica (a frozen report of an idle engine); None: always trusted")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when its prompt size is unknown, and the least KV budget a replica must have left to stay available")
 
 

@@ -22,6 +22,7 @@ environment (set ``VLLM_PLUGINS`` to restrict plugins).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -30,7 +31,10 @@ from typing import Any, Deque, Dict, List, Optional
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-__all__ = ["GeoStatLogger", "latest_stats", "reset_stats", "take_ttft_samples", "ttft_sample", "TTFT_SAMPLES_KEPT"]
+__all__ = ["GeoStatLogger", "latest_stats", "reset_stats", "routing_stats", "take_ttft_samples", "ttft_sample",
+           "TTFT_SAMPLES_KEPT", "IDLE_GRACE_S"]
+
+logger = logging.getLogger("ray.serve")
 
 _LOCK = threading.Lock()
 _LATEST: Dict[int, Dict[str, Any]] = {}  # engine index -> stats dict
@@ -61,6 +65,26 @@ def latest_stats() -> Dict[str, Any]:
             out["kv_cache_usage"] = sum(kv) / len(kv)
         out["timestamp"] = ts
         return out
+
+
+#: a server with no request in flight for this long reports an idle engine (see :func:`routing_stats`)
+IDLE_GRACE_S = 0.25
+
+
+def routing_stats(latest: Dict[str, Any], active: int, idle_since: float, now: float,
+                  grace_s: float = IDLE_GRACE_S) -> Dict[str, Any]:
+    """The load report of a vLLM-backed server: the engine's last ``SchedulerStats`` (``latest``, from
+    :func:`latest_stats`) unless the server has had no request in flight (``active == 0``) for
+    ``grace_s`` -- then the engine is idle whatever it last recorded, and the report says so with a
+    fresh timestamp. vLLM records stats only when the engine steps: after an aborted request left it
+    idle, its last record would claim ``num_waiting=1`` for good and selective pushing would shun an
+    idle replica (the router also distrusts such frozen reports; this fixes them at the source)."""
+    out = dict(latest)
+    if active <= 0 and now - idle_since >= grace_s and (out.get("num_waiting") or out.get("num_running")):
+        out["num_waiting"] = 0
+        out["num_running"] = 0
+        out["timestamp"] = now
+    return out
 
 
 def reset_stats() -> None:
@@ -127,6 +151,7 @@ class GeoStatLogger(StatLoggerBase):
         except Exception:
             pass
         self._cap = cap
+        self.bad_records = 0
         with _LOCK:
             _CAPACITY[engine_index] = dict(cap)
 
@@ -139,12 +164,21 @@ class GeoStatLogger(StatLoggerBase):
                     _TTFT.extend(samples)
         if scheduler_stats is None:
             return
-        s = {
-            "num_waiting": int(scheduler_stats.num_waiting_reqs),
-            "num_running": int(scheduler_stats.num_running_reqs),
-            "kv_cache_usage": float(scheduler_stats.kv_cache_usage),
-            "timestamp": time.time(),
-        }
+        try:
+            s = {
+                "num_waiting": int(scheduler_stats.num_waiting_reqs),
+                "num_running": int(scheduler_stats.num_running_reqs),
+                "kv_cache_usage": float(scheduler_stats.kv_cache_usage),
+                "timestamp": time.time(),
+            }
+        except (AttributeError, TypeError, ValueError, OverflowError):  # NaN counts: int() raises
+            s = None
+        if s is None or s["num_waiting"] < 0 or s["num_running"] < 0 or not 0.0 <= s["kv_cache_usage"] <= 1.0:
+            self.bad_records += 1  # keep the previous report; the router would reject this one anyway
+            if self.bad_records in (1, 10, 100, 1000):
+                logger.warning("GeoStatLogger: ignored %d malformed SchedulerStats (last: %r)",
+                               self.bad_records, scheduler_stats)
+            return
         with _LOCK:
             _LATEST[engine_idx] = s
 
@@ -169,12 +203,37 @@ def _build_server():
     from ray_geolb.serve.llm_server import replica_region
 
     class GeoVLLMServer(LLMServer):
-        """Stock vLLM LLMServer whose routing stats carry the engine's load (from GeoStatLogger)."""
+        """Stock vLLM LLMServer whose routing stats carry the engine's load (from GeoStatLogger).
+
+        It counts its own requests in flight (a ``finally`` owns the count, so a cancelled stream
+        returns it) to report an idle engine as idle (:func:`routing_stats`)."""
+
+        _geo_active = 0
+        _geo_idle_since = float("-inf")
+
+        async def _geo_counted(self, stream):
+            self._geo_active += 1
+            try:
+                async for item in stream:
+                    yield item
+            finally:
+                self._geo_active -= 1
+                if self._geo_active == 0:
+                    self._geo_idle_since = time.time()
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+        async def chat(self, request, raw_request_info=None):
+            return self._geo_counted(await super().chat(request, raw_request_info))
+
+        async def completions(self, request, raw_request_info=None):
+            return self._geo_counted(await super().completions(request, raw_request_info))
 
         async def record_routing_stats(self) -> Dict[str, Any]:
             base = await super().record_routing_stats()
             out = dict(base or {})
-            out.update(latest_stats())
+            out.update(routing_stats(latest_stats(), self._geo_active, self._geo_idle_since, time.time()))
             samples = take_ttft_samples()
             if samples:
                 out["ttft_samples"] = samples

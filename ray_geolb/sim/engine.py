@@ -231,6 +231,10 @@ class EngineModel:
         elif st == _WAITING:
             self._waiting.remove(s)
         # pending: lazily dropped from the heap (status is _DONE)
+        # The report must not keep counting an aborted request: an engine left idle by the abort runs
+        # no further step to refresh it, and a stale "1 waiting" would make SP-P shun an idle replica.
+        if self._waiting_reported > len(self._waiting):
+            self._waiting_reported = len(self._waiting)
         return True
 
     # ------------------------------------------------------------------ KV blocks
