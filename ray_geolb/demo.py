@@ -29,12 +29,11 @@ import math
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ray_geolb.serve.local import free_port, start_region_cluster
+from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
 ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
 
 
@@ -329,11 +328,11 @@ def run_router(router: str, args, base: str, workloads) -> dict:
                              engine_profile=args.profile, time_scale=args.time_scale,
                              output_tokens=args.max_tokens, engine_overrides={"max_num_seqs": args.max_num_seqs},
                              latency={"scale": args.latency_scale}, stats_period_s=args.stats_period,
-                             ingress={"max_queue": 512, "max_wait_s": 60.0})
+                             ingress={"max_queue": 512, "max_wait_s": 60.0, "admin_token": args.admin_token})
     try:
         deploy_region_apps(apps)
         _say(f"{label}: deployed in {time.monotonic() - t:.1f} s; warming up")
-        asyncio.run(_warmup(base, list(args.replicas), router == "geo"))
+        asyncio.run(_warmup(base, list(args.replicas), router == "geo", args.admin_token))
         _say(f"{label}: running {args.duration:.0f} s of load")
         lr = LoadRun(base, workloads, args.duration, args.max_tokens, label)
         asyncio.run(lr.run())
@@ -352,10 +351,12 @@ def run_router(router: str, args, base: str, workloads) -> dict:
             time.sleep(0.25)
 
 
-async def _warmup(base: str, regions: List[str], wait_peers: bool) -> None:
+async def _warmup(base: str, regions: List[str], wait_peers: bool, admin_token: str) -> None:
     import httpx
 
-    async with httpx.AsyncClient(timeout=60) as c:
+    from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER
+
+    async with httpx.AsyncClient(timeout=60, headers={ADMIN_TOKEN_HEADER: admin_token}) as c:
         for r in regions:
             resp = await c.post(f"{base}/{r}/v1/completions", json={"prompt": "warm up", "max_tokens": 1})
             resp.raise_for_status()
@@ -371,6 +372,10 @@ async def _warmup(base: str, regions: List[str], wait_peers: bool) -> None:
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     import logging
+    import secrets
+
+    # the region ingresses' operator token for this run (the demo reads /v1/geolb/state with it)
+    args.admin_token = secrets.token_hex(16)
 
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -406,7 +411,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGINT, on_sigint)
-    tmp = tempfile.mkdtemp(prefix="geolb_demo_")
+    tmp = ray_temp_dir("geolb_demo_")
     cluster = None
     rows: List[dict] = []
     t_start = time.monotonic()
@@ -424,7 +429,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             _say(f"{rows[-1]['label']}: {rows[-1]['ok']} ok, {rows[-1]['errors']} errors")
         table = format_table(rows)
         print("\n" + table + "\n", flush=True)
-        (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items()}, "rows": rows},
+        (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "admin_token"},
+                                                   "rows": rows},
                                                   indent=2, default=str))
         if not args.no_plot:
             reps = ", ".join(f"{r} {n}" for r, n in args.replicas.items())

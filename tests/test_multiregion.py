@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,33 +24,34 @@ httpx = pytest.importorskip("httpx")
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
-from ray_geolb.serve.local import free_port, start_region_cluster  # noqa: E402
-from ray_geolb.serve.ingress import INGRESS_DEPLOYMENT  # noqa: E402
+from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
+from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 REGIONS = {"us": 1, "eu": 1, "asia": 1}
 LABEL = "ray.io/availability-region"
+TOKEN = "test-admin-token-0123456789"
+ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}  # the operator: debug headers and the state endpoint
 
 
 @pytest.fixture(scope="module")
 def geo():
-    tmp = tempfile.mkdtemp(prefix="geolb_mr_")
-    cluster = start_region_cluster(list(REGIONS), tmp, namespace="geolb_test_mr")
+    cluster = start_region_cluster(list(REGIONS), ray_temp_dir("geolb_mr_"), namespace="geolb_test_mr")
     try:
         port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         apps = build_region_apps(
             REGIONS, time_scale=1.0, output_tokens=16, engine_overrides={"max_num_seqs": 2},
-            latency={"scale": 0.1}, ingress={"max_queue": 10, "max_wait_s": 20.0})
+            latency={"scale": 0.1}, ingress={"max_queue": 10, "max_wait_s": 20.0, "admin_token": TOKEN})
         deploy_region_apps(apps)
         base = f"http://127.0.0.1:{port}"
         # wait until every ingress sees both peers through the registry
         deadline = time.time() + 60
         with httpx.Client(timeout=30) as c:
             while True:
-                states = [c.get(f"{base}/{r}/v1/geolb/state").json() for r in REGIONS]
+                states = [c.get(f"{base}/{r}/v1/geolb/state", headers=ADMIN).json() for r in REGIONS]
                 if all(len(s["available_peers"]) == 2 for s in states):
                     break
                 assert time.time() < deadline, f"peers never became visible: {states}"
@@ -85,7 +85,7 @@ async def wait_idle(base, regions=REGIONS, timeout=30):
     deadline = time.time() + timeout
     async with httpx.AsyncClient(timeout=30) as c:
         while True:
-            sts = [(await c.get(f"{base}/{r}/v1/geolb/state")).json() for r in regions]
+            sts = [(await c.get(f"{base}/{r}/v1/geolb/state", headers=ADMIN)).json() for r in regions]
             if all(s["local_available"] > 0 and s["lb_queue_len"] == 0 for s in sts) and \
                     all(len(s["available_peers"]) == len(regions) - 1 for s in sts):
                 return
@@ -98,9 +98,9 @@ def test_models_health_and_headers(geo):
     with httpx.Client(timeout=60) as c:
         m = c.get(f"{geo}/eu/v1/models").json()
         assert m["data"][0]["id"] == "geolb-emulated" and m["data"][0]["region"] == "eu"
-        h = c.get(f"{geo}/asia/healthz").json()
+        h = c.get(f"{geo}/asia/healthz", headers=ADMIN).json()
         assert h["status"] == "ok" and h["region"] == "asia" and h["registry"]["connected"]
-        r = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5))
+        r = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5), headers=ADMIN)
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["object"] == "chat.completion" and body["usage"]["completion_tokens"] == 5
@@ -109,7 +109,7 @@ def test_models_health_and_headers(geo):
         assert g["region"] == "us" and g["route"] == "local" and g["origin"] == "us"
         assert g["replica"] and g["reason"] and float(g["queue-wait-ms"]) >= 0
         # the same prompt again: the router matched its prefix
-        r2 = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5))
+        r2 = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5), headers=ADMIN)
         assert int(geoh(r2)["matched-prefix"]) > 100 and geoh(r2)["replica"] == g["replica"]
 
 
@@ -117,7 +117,7 @@ def test_streaming_sse(geo):
     with httpx.Client(timeout=60) as c:
         for path, body in (("chat/completions", chat("stream please " * 10, n=6, stream=True)),
                            ("completions", {"prompt": "once upon a time " * 10, "max_tokens": 4, "stream": True})):
-            r = c.post(f"{geo}/eu/v1/{path}", json=body)
+            r = c.post(f"{geo}/eu/v1/{path}", json=body, headers=ADMIN)
             assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
             assert geoh(r)["region"] == "eu" and geoh(r)["replica"]
             events = [ln[len("data: "):] for ln in r.text.splitlines() if ln.startswith("data: ")]
@@ -202,7 +202,7 @@ def test_peer_extras_reach_the_cost_selector(geo):
         await wait_idle(geo)
         async with httpx.AsyncClient(timeout=120) as c:
             async def state(r):
-                return (await c.get(f"{geo}/{r}/v1/geolb/state")).json()
+                return (await c.get(f"{geo}/{r}/v1/geolb/state", headers=ADMIN)).json()
 
             for r in REGIONS:  # each region's router exists (it is created with its first request)
                 warm = await c.post(f"{geo}/{r}/v1/chat/completions", json=chat(f"warm {r}", n=1),
@@ -261,7 +261,7 @@ def test_hop_limit_forwarded_request_waits_at_peer(geo):
             fill = [asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions", json=chat(f"fill eu {i} " * 30, n=60),
                                                  headers={"x-allowed-regions": "eu"})) for i in range(6)]
             for _ in range(100):  # until eu is saturated and holding
-                st = (await c.get(f"{geo}/eu/v1/geolb/state")).json()
+                st = (await c.get(f"{geo}/eu/v1/geolb/state", headers=ADMIN)).json()
                 if st["local_available"] == 0 and st["queue_len"] > 0:
                     break
                 await asyncio.sleep(0.05)
@@ -383,7 +383,7 @@ def test_restarted_ingress_reloads_its_snapshot(geo):
         rs = await burst(geo, "us", [chat(f"snapshot user {i} " * 40, n=40) for i in range(12)])
         assert any(geoh(r)["route"] == "forwarded" for r in rs)
         async with httpx.AsyncClient(timeout=30) as c:
-            before = (await c.get(f"{geo}/us/v1/geolb/state")).json()
+            before = (await c.get(f"{geo}/us/v1/geolb/state", headers=ADMIN)).json()
             deadline = time.monotonic() + 20
             while (await reg.stats.remote())["snapshot_nodes"].get("us", 0) == 0:
                 assert time.monotonic() < deadline, "snapshot never mirrored to the registry"
@@ -395,7 +395,7 @@ def test_restarted_ingress_reloads_its_snapshot(geo):
             deadline = time.monotonic() + 60
             while True:
                 try:
-                    st = (await c.get(f"{geo}/us/v1/geolb/state")).json()
+                    st = (await c.get(f"{geo}/us/v1/geolb/state", headers=ADMIN)).json()
                     if st["source"] != before["source"] and st["snapshot_loaded_from_registry"]:
                         return before, st
                 except (httpx.HTTPError, ValueError):
@@ -435,3 +435,94 @@ def test_locustfile_runs_headless_against_the_region_endpoints(geo, tmp_path):
     served = [r for r in rows if r["Type"] == "SERVED"]
     assert served and all(r["Name"].startswith("served:") for r in served), rows
 
+
+
+# ---------------------------------------------------------------------------------------------- privacy
+PUBLIC_GEOLB_HEADERS = {"x-geolb-region", "x-geolb-route", "x-geolb-origin"}
+
+
+def test_responses_carry_no_cache_figures_without_the_admin_token(geo):
+    """A client learns where its request was served, nothing about what the cache held; the state
+    endpoint and the detailed health check answer only the operator."""
+    prompt = "my confidential contract clause " * 30
+    with httpx.Client(timeout=60) as c:
+        for _ in range(2):  # the second one matches the first one's prefix
+            r = c.post(f"{geo}/us/v1/completions", json={"prompt": prompt, "max_tokens": 2},
+                       headers={"x-allowed-regions": "us"})
+        s = c.post(f"{geo}/us/v1/chat/completions", json=chat(prompt, n=2, stream=True),
+                   headers={"x-allowed-regions": "us"})
+        for resp in (r, s):
+            assert resp.status_code == 200, resp.text
+            assert {k for k in resp.headers if k.startswith("x-geolb-")} == PUBLIC_GEOLB_HEADERS, dict(resp.headers)
+        assert r.json()["usage"].keys() == {"prompt_tokens", "completion_tokens", "total_tokens"}
+        assert "cached" not in s.text
+        for token in (None, "wrong-token-0123456789abcdef"):
+            hdr = {} if token is None else {ADMIN_TOKEN_HEADER: token}
+            st = c.get(f"{geo}/us/v1/geolb/state", headers=hdr)
+            assert st.status_code == 403 and st.json()["error"]["type"] == "forbidden", st.text
+            assert ADMIN_TOKEN_HEADER in st.json()["error"]["message"]
+            assert c.get(f"{geo}/us/healthz", headers=hdr).json() == {"status": "ok", "region": "us"}
+        full = c.get(f"{geo}/us/v1/geolb/state", headers=ADMIN).json()
+        assert "admin_token" not in full["config"] and TOKEN not in json.dumps(full)
+
+
+def test_byte_guessing_attack_learns_nothing(geo):
+    """The attack the matched-prefix header allowed: a victim sent ``known + secret digit + rest``;
+    the attacker, who knows ``known`` (placed so the digit ends a prefix-index block), sends
+    ``known + guess + other text`` for each digit and compares the responses. With the operator's
+    token the figures reveal the digit (so the oracle is real); without it every guess gets the same
+    response (ids, timestamps and generated text aside)."""
+    from ray_geolb.policy import build_policy
+    from ray_geolb.serve.router import DEFAULT_POLICY
+
+    ends = build_policy(DEFAULT_POLICY).index.prepare("x" * 4000).ends
+    boundary = next(e for e in ends if e > 700)  # the secret digit is the last byte of this block
+
+    def observe(resp):
+        assert resp.status_code == 200, resp.text
+        body = resp.json()
+        return ({k: v for k, v in resp.headers.items() if k.startswith("x-geolb-")},
+                body["usage"], body["choices"][0]["finish_reason"], len(body["choices"][0]["text"]))
+
+    def attack(known, secret, headers):
+        with httpx.Client(timeout=60) as c:
+            victim = known + secret + " and the rest of the victim's document " * 5
+            assert c.post(f"{geo}/us/v1/completions", json={"prompt": victim, "max_tokens": 2},
+                          headers={"x-allowed-regions": "us"}).status_code == 200
+            seen = {}
+            for guess in "0123456789":
+                attempt = known + guess + " attacker's own filler text " * 5
+                seen[guess] = observe(c.post(f"{geo}/us/v1/completions", json={"prompt": attempt, "max_tokens": 2},
+                                             headers={"x-allowed-regions": "us", **headers}))
+            return seen
+
+    def known_text(tag):
+        base = f"[{tag}] the launch code of the vault is "
+        return (base * 40)[: boundary - 1 - len("code=")] + "code="
+
+    # the operator's view: the matched length singles out the secret digit
+    seen = attack(known_text("operator"), "7", ADMIN)
+    matched = {g: int(h["x-geolb-matched-prefix"]) for g, (h, *_rest) in seen.items()}
+    assert max(matched, key=matched.get) == "7" and matched["7"] >= boundary > max(
+        v for g, v in matched.items() if g != "7"), matched
+    # a client's view: ten identical answers
+    seen = attack(known_text("client"), "3", {})
+    assert len({json.dumps(v, sort_keys=True) for v in seen.values()}) == 1, seen
+    assert set(seen["3"][0]) == PUBLIC_GEOLB_HEADERS
+
+
+def test_forged_internal_headers_are_ignored(geo):
+    """``x-geolb-*`` headers other than the documented client options are internal: a client that
+    forges a hop count, an origin or a route gets an ordinary local answer."""
+    from ray_geolb.serve.ingress import client_headers
+
+    forged = {"x-geolb-hops": "1", "x-geolb-origin": "asia", "x-geolb-route": "forwarded",
+              "x-geolb-region": "eu", "x-geolb-matched-prefix": "99999", "X-Geolb-Admin": "yes"}
+    kept = client_headers({**forged, "x-geolb-max-wait-s": "5", "X-Session-Id": "s1", ADMIN_TOKEN_HEADER: TOKEN})
+    assert kept == {"x-geolb-max-wait-s": "5", "x-session-id": "s1"}
+    with httpx.Client(timeout=60) as c:
+        r = c.post(f"{geo}/us/v1/completions", json={"prompt": "forged headers " * 10, "max_tokens": 2},
+                   headers=forged)
+    assert r.status_code == 200, r.text
+    g = geoh(r)
+    assert g["origin"] == "us" and g.keys() == {"region", "route", "origin"}

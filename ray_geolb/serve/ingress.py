@@ -22,11 +22,21 @@ nodes (``label_selector`` on ``ray.io/availability-region``; see ``app.py``). Fo
 ``allowed_regions`` (header ``x-allowed-regions: us,eu`` or body field) is enforced on both layers:
 a request may wait or be refused (403), never be sent outside its set.
 
-Every response carries ``x-geolb-region`` (where it was served), ``x-geolb-replica``,
-``x-geolb-route`` (``local`` | ``forwarded``), ``x-geolb-reason``, ``x-geolb-matched-prefix``
-(bytes of canonical text), ``x-geolb-queue-wait-ms`` (ingress queue + router queue) and
-``x-geolb-origin`` (the region that received it), from the GeoPrefixRouter's in-process decision log
-when available.
+Every response carries ``x-geolb-region`` (where it was served), ``x-geolb-route`` (``local`` |
+``forwarded``) and ``x-geolb-origin`` (the region that received it). Per-request routing and cache
+figures -- ``x-geolb-replica``, ``x-geolb-reason``, ``x-geolb-matched-prefix`` (bytes of canonical
+text), ``x-geolb-queue-wait-ms`` and ``usage.prompt_tokens_details.cached_tokens`` -- are for the
+operator only (``IngressConfig.debug`` or the admin token in ``x-geolb-admin-token``): a matched
+length tells a client what *other* clients sent. ``/v1/geolb/state`` likewise; ``/healthz`` answers
+everyone with its status and region only. Internal ``x-geolb-*`` request headers are dropped
+(:func:`client_headers`).
+
+Capacity is owned, not caught: the local slot a request takes is a :class:`_LocalSlot` and a
+streamed response is a :class:`TokenStream` closed in the ``finally`` of whatever consumes it (the
+HTTP response, a peer's relay), so a client leaving at any point -- before its first token, while
+streaming, while held here or in the router -- returns everything (``asyncio.CancelledError`` is not
+an ``Exception``; no ``except Exception`` owns accounting). :meth:`RegionIngressImpl.accounting`
+reads it all back.
 
 Background tasks (never on the request path): the :class:`RegistryClient` heartbeat/peer-table loop,
 and RTT probes of every peer ingress (EWMA, reported to the registry, read back as ``PeerState.rtt_s``).
@@ -35,9 +45,11 @@ and RTT probes of every peer ingress (EWMA, reported to the registry, read back 
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import math
+import os
 import time
 import uuid
 from collections import deque
@@ -63,6 +75,12 @@ __all__ = ["INGRESS_DEPLOYMENT", "IngressConfig", "GeoHTTPError", "PromptBody", 
 
 INGRESS_DEPLOYMENT = "RegionIngress"
 HEADER_PREFIX = "x-geolb-"
+ADMIN_TOKEN_HEADER = "x-geolb-admin-token"
+#: the only ``x-geolb-*`` request headers a client may send; every other one (hop count, origin, ...)
+#: is internal and dropped by :func:`client_headers` before anything reads or passes headers on
+CLIENT_GEOLB_HEADERS = frozenset({"x-geolb-max-wait-s"})
+#: response headers every client gets; the rest only with ``debug`` or the admin token
+PUBLIC_RESPONSE_HEADERS = ("region", "route", "origin")
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -101,6 +119,17 @@ class IngressConfig(BaseModel):
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)
     forward_timeout_s: float = Field(300.0, gt=0)
+    #: Privacy. By default a response tells the client only where it was served (``x-geolb-region``,
+    #: ``-route``, ``-origin``): no per-request cache figure (matched prefix, cached tokens, replica,
+    #: reason, queue wait), which would let a client learn what *others* sent (guessing a prompt byte
+    #: by byte from the matched length). ``debug=True`` adds them to every response and opens
+    #: ``/v1/geolb/state`` and the detailed ``/healthz`` to anyone (local development only); a request
+    #: carrying the admin token (header ``x-geolb-admin-token``) gets them without ``debug``.
+    debug: bool = False
+    #: the admin token; None: the environment variable ``admin_token_env`` of the ingress process
+    #: (unset: no token, so the state endpoint needs ``debug``). Never shown by the state endpoint.
+    admin_token: Optional[str] = Field(None, min_length=16)
+    admin_token_env: str = "GEOLB_ADMIN_TOKEN"
     #: 'cost' region layer: the measured wait for a local engine slot in the cost of staying -- the
     #: policy core's ``CostSelectorConfig.stay_slot_wait`` / ``drain_window_s`` / ``drain_min_samples``
     #: (see ``policy/remote.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
@@ -356,6 +385,7 @@ class RegionIngressImpl:
         cfg = config if isinstance(config, IngressConfig) else IngressConfig.model_validate(config or {})
         self.cfg = cfg
         self.region = cfg.region
+        self._admin_token = cfg.admin_token or os.environ.get(cfg.admin_token_env) or None
         self.model = model
         self.model_app = getattr(model, "app_name", None)
         self.model_deployment = getattr(model, "deployment_name", None)
@@ -413,6 +443,16 @@ class RegionIngressImpl:
             return max(0, n)
         except Exception:  # noqa: BLE001 - never fail a request on a view
             return 1
+
+    def accounting(self) -> dict:
+        """What requests hold at this LB right now, ingress and router (leak checks; a handle call,
+        not HTTP). Idle: every count 0 (see :meth:`GeoPrefixRouter.accounting`)."""
+        out = {"ingress_queue": len(self._queue), "ingress_queue_tokens": sum(self._queue_tokens.values()),
+               "local_unrouted": len(self._local_unrouted), "local_available": self.local_available()}
+        r = self._geo_router()
+        if r is not None:
+            out.update(r.accounting())
+        return out
 
     def _lb_queue_len(self) -> int:
         q = len(self._queue)
@@ -714,7 +754,10 @@ class RegionIngressImpl:
         return meta
 
     async def _run_local(self, body, stream, max_tokens, request_id, d, wait_ms, hops, origin):
-        self._local_unrouted.add(request_id)
+        """Run a request on this region's model deployment. The local slot it takes (the request id in
+        ``_local_unrouted`` until the router places it, then ``_local_done`` when it leaves) is owned
+        by a :class:`_LocalSlot` and returned on every path, cancellation included."""
+        slot = _LocalSlot(self, request_id)
         if not stream:
             try:
                 res = await self.model.remote(body, max_tokens=max_tokens)
@@ -725,39 +768,32 @@ class RegionIngressImpl:
                 self.counters["errors"] += 1
                 raise
             finally:
-                self._local_unrouted.discard(request_id)
-                self._local_done()
+                slot.release()
             return self._local_meta(request_id, d, wait_ms, hops, origin, res), res
-        gen = self.model.options(stream=True).generate.remote(body, max_tokens=max_tokens)
+        gen = None
         try:
-            first = await gen.__anext__()
-        except StopAsyncIteration:
-            first = None
-        except Exception as e:
-            self._local_unrouted.discard(request_id)
-            self._local_done()
-            err = _as_http_error(e, self.region)
-            if err is not None:
-                raise err from None
-            self.counters["errors"] += 1
-            raise
-        self._local_unrouted.discard(request_id)
-        meta = self._local_meta(request_id, d, wait_ms, hops, origin)
-
-        async def tokens():
+            gen = self.model.options(stream=True).generate.remote(body, max_tokens=max_tokens)
             try:
-                if first is not None:
-                    yield first
-                    async for t in gen:
-                        yield t
-            finally:
-                try:
-                    gen.cancel()
-                except Exception:  # noqa: BLE001
-                    pass
-                self._local_done()
-
-        return meta, tokens()
+                first = await gen.__anext__()
+            except StopAsyncIteration:
+                first = _NO_TOKEN
+        except BaseException as e:  # CancelledError too: the client left before the first token
+            _cancel_quietly(gen)
+            slot.release()
+            if isinstance(e, Exception):
+                err = _as_http_error(e, self.region)
+                if err is not None:
+                    raise err from None
+                self.counters["errors"] += 1
+            raise
+        slot.routed()
+        try:
+            meta = self._local_meta(request_id, d, wait_ms, hops, origin)
+        except BaseException:
+            _cancel_quietly(gen)
+            slot.release()
+            raise
+        return meta, TokenStream(gen, first, on_close=slot.release)
 
     async def _forward(self, peer, body, text, rreq, stream, max_tokens, d, wait_ms, origin, session,
                        max_wait_s=None):
@@ -794,24 +830,21 @@ class RegionIngressImpl:
         relay = self.latency.relay(gen, peer, self.region)
         try:
             meta = await relay.__anext__()
-        except Exception as e:
+        except BaseException as e:  # CancelledError too: the peer must stop working on it
+            await _aclose_quietly(relay)
+            _cancel_quietly(gen)
+            if not isinstance(e, Exception):
+                raise
             err = _as_http_error(e, peer)
             if err is not None:
                 raise err from None
             raise _ForwardFailed(f"{type(e).__name__}: {e}") from None
 
-        async def tokens():
-            try:
-                async for t in relay:
-                    yield t
-            finally:
-                await relay.aclose()
-                try:
-                    gen.cancel()
-                except Exception:  # noqa: BLE001
-                    pass
+        async def close():
+            _cancel_quietly(gen)
+            await _aclose_quietly(relay)
 
-        return self._forward_meta(meta, d), tokens()
+        return self._forward_meta(meta, d), TokenStream(relay, _NO_TOKEN, on_close=close)
 
     def _forward_meta(self, meta: dict, d) -> dict:
         meta = dict(meta)
@@ -842,9 +875,12 @@ class RegionIngressImpl:
                                         origin=fmeta.get("origin", "?"), session=fmeta.get("session"),
                                         request_id=fmeta.get("request_id") or _request_id(),
                                         waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"))
-        yield meta
-        async for t in toks:
-            yield t
+        try:  # Ray throws CancelledError in here when the origin goes away: the stream is closed
+            yield meta
+            async for t in toks:
+                yield t
+        finally:
+            await toks.aclose()
 
     async def ping(self) -> str:
         return self.region
@@ -885,7 +921,7 @@ class RegionIngressImpl:
             "registry": None if self.registry is None else self.registry.status(),
             "counters": dict(self.counters),
             "decisions": dict(self.decisions),
-            "config": self.cfg.model_dump(),
+            "config": self.cfg.model_dump(exclude={"admin_token"}),
         }
 
 
@@ -893,30 +929,147 @@ class _ForwardFailed(Exception):
     pass
 
 
+_NO_TOKEN = object()
+
+
+def _cancel_quietly(gen) -> None:
+    """Cancel a Ray streaming response (anything with ``cancel()``; other objects are left alone)."""
+    cancel = getattr(gen, "cancel", None)
+    if cancel is not None:
+        try:
+            cancel()
+        except Exception:  # noqa: BLE001 - already finished or gone
+            pass
+
+
+async def _aclose_quietly(agen) -> None:
+    try:
+        await agen.aclose()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class _LocalSlot:
+    """The local capacity one request holds: its id in the ingress's ``_local_unrouted`` set until
+    the router has placed it (:meth:`routed`), and the slot it frees when it leaves
+    (:meth:`release`: ``_local_done``, exactly once, whatever path ends the request)."""
+
+    __slots__ = ("_ing", "_rid", "_released")
+
+    def __init__(self, ingress: "RegionIngressImpl", request_id: str):
+        self._ing = ingress
+        self._rid = request_id
+        self._released = False
+        ingress._local_unrouted.add(request_id)
+
+    def routed(self) -> None:
+        self._ing._local_unrouted.discard(self._rid)
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            self._ing._local_unrouted.discard(self._rid)
+            self._ing._local_done()
+
+
+class TokenStream:
+    """The tokens of a streamed request, as an async iterator that owns what the request holds.
+
+    ``aclose()`` (idempotent) stops the source (a Ray streaming response or a relay) and calls
+    ``on_close`` once -- the ingress calls it from the ``finally`` of whatever consumes the stream
+    (the HTTP response, a peer's relay), so a client that leaves at any point returns the slot. It
+    is a class rather than an async generator function because a generator that is never started
+    never runs its ``finally``."""
+
+    def __init__(self, source, first=_NO_TOKEN, on_close=None):
+        self._source = source
+        self._first = first
+        self._on_close = on_close
+        self._closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._closed:
+            raise StopAsyncIteration
+        if self._first is not _NO_TOKEN:
+            tok, self._first = self._first, _NO_TOKEN
+            return tok
+        try:
+            return await self._source.__anext__()
+        except BaseException:  # StopAsyncIteration (done), errors, cancellation: release now
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        cb, self._on_close = self._on_close, None
+        try:
+            _cancel_quietly(self._source)  # a Ray streaming response: the replica stops working on it
+        finally:
+            if cb is not None:
+                r = cb()
+                if asyncio.iscoroutine(r):
+                    await r
+
+
 # ---------------------------------------------------------------------------------------------- HTTP
 app = FastAPI(title="ray_geolb region ingress", description="OpenAI-compatible, multi-region prefix-aware LB")
 
 
-def _headers(meta: dict) -> dict:
+def client_headers(headers) -> Dict[str, str]:
+    """The request headers a client may set, lower-cased: internal ``x-geolb-*`` headers (all but
+    :data:`CLIENT_GEOLB_HEADERS`) and the admin token are dropped, so nothing a client forges is read
+    as routing state or passed on to a replica or peer."""
+    out = {}
+    for k, v in headers.items():
+        k = k.lower()
+        if k.startswith(HEADER_PREFIX) and k not in CLIENT_GEOLB_HEADERS:
+            continue
+        out[k] = v
+    return out
+
+
+def _headers(meta: dict, debug: bool = False) -> dict:
     h = {
         HEADER_PREFIX + "region": str(meta.get("region")),
-        HEADER_PREFIX + "replica": str(meta.get("replica") or ""),
         HEADER_PREFIX + "route": str(meta.get("route")),
-        HEADER_PREFIX + "reason": str(meta.get("reason") or ""),
-        HEADER_PREFIX + "matched-prefix": str(int(meta.get("matched_prefix") or 0)),
-        HEADER_PREFIX + "queue-wait-ms": f"{float(meta.get('queue_wait_ms') or 0.0):.1f}",
         HEADER_PREFIX + "origin": str(meta.get("origin") or ""),
     }
+    if debug:  # per-request routing and cache figures: operators only (see IngressConfig.debug)
+        h[HEADER_PREFIX + "replica"] = str(meta.get("replica") or "")
+        h[HEADER_PREFIX + "reason"] = str(meta.get("reason") or "")
+        h[HEADER_PREFIX + "matched-prefix"] = str(int(meta.get("matched_prefix") or 0))
+        h[HEADER_PREFIX + "queue-wait-ms"] = f"{float(meta.get('queue_wait_ms') or 0.0):.1f}"
     return h
 
 
-def _usage(res: dict) -> dict:
+def _usage(res: dict, debug: bool = False) -> dict:
     pt = int(res.get("prompt_tokens") or 0)
     ct = int(res.get("output_tokens") or 0)
     u = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
-    if res.get("cached_tokens") is not None:
+    if debug and res.get("cached_tokens") is not None:
         u["prompt_tokens_details"] = {"cached_tokens": int(res["cached_tokens"])}
     return u
+
+
+class _OwnedStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its token source (returning the request's slot) however the
+    response ends: finished, failed, or cancelled because the client went away -- also when the
+    body iterator was never started."""
+
+    def __init__(self, content, source: "TokenStream", **kw):
+        super().__init__(content, **kw)
+        self._source = source
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._source.aclose()
 
 
 def _result_text(res: Any) -> str:
@@ -934,13 +1087,27 @@ class RegionIngress(RegionIngressImpl):
     async def __init__(self, model, config: dict):
         await self._setup(model, config)
 
+    def _admin(self, request: Request) -> bool:
+        """True if the request may see debug figures: ``debug`` is on, or it carries the admin token."""
+        if self.cfg.debug:
+            return True
+        token = self._admin_token
+        got = request.headers.get(ADMIN_TOKEN_HEADER)
+        return bool(token) and got is not None and hmac.compare_digest(got.encode(), token.encode())
+
+    def _forbidden(self, what: str) -> Response:
+        return GeoHTTPError(403, f"{what} needs the admin token (header {ADMIN_TOKEN_HEADER}) or the "
+                                 "ingress option debug=True", type_="forbidden").response()
+
     async def _http(self, request: Request, kind: str) -> Response:
         cfg = self.cfg
+        debug = self._admin(request)
+        headers_in = client_headers(request.headers)
         try:
             raw = await request.body()
             body, text, stream, max_tokens, allowed = validate_body(
                 raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens)
-            hdr = request.headers.get("x-allowed-regions")
+            hdr = headers_in.get("x-allowed-regions")
             if hdr is not None:
                 h_allowed = _parse_allowed(hdr, "header x-allowed-regions")
                 allowed = h_allowed if allowed is None else (allowed & h_allowed)
@@ -948,7 +1115,7 @@ class RegionIngress(RegionIngressImpl):
                     raise GeoHTTPError(400, "header x-allowed-regions and body allowed_regions have no region "
                                             "in common", param="allowed_regions")
             max_wait_s = None
-            mw = request.headers.get("x-geolb-max-wait-s")
+            mw = headers_in.get("x-geolb-max-wait-s")
             if mw is not None:
                 try:
                     max_wait_s = float(mw)
@@ -957,7 +1124,7 @@ class RegionIngress(RegionIngressImpl):
                 if not (math.isfinite(max_wait_s) and max_wait_s >= 0):
                     raise GeoHTTPError(400, f"header x-geolb-max-wait-s must be a number >= 0, got {mw!r}",
                                        param="x-geolb-max-wait-s")
-            session = request.headers.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
+            session = headers_in.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
             meta, out = await self.process(body, text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
                                            origin=self.region, session=session, request_id=_request_id(),
                                            max_wait_s=max_wait_s)
@@ -965,9 +1132,18 @@ class RegionIngress(RegionIngressImpl):
             if e.status == 400:
                 self.counters["bad_requests"] += 1
             return e.response({HEADER_PREFIX + "origin": self.region})
+        try:
+            return self._response(kind, meta, out, stream, debug)
+        except BaseException:
+            if stream:
+                await out.aclose()
+            raise
+
+    def _response(self, kind: str, meta: dict, out, stream: bool, debug: bool) -> Response:
+        cfg = self.cfg
         rid = "chatcmpl-" + uuid.uuid4().hex[:24] if kind == "chat" else "cmpl-" + uuid.uuid4().hex[:24]
         created = int(time.time())
-        headers = _headers(meta)
+        headers = _headers(meta, debug)
         if not stream:
             text_out = _result_text(out)
             if kind == "chat":
@@ -977,9 +1153,10 @@ class RegionIngress(RegionIngressImpl):
                 choice = {"index": 0, "text": text_out, "logprobs": None, "finish_reason": "length"}
                 obj = "text_completion"
             payload = {"id": rid, "object": obj, "created": created, "model": cfg.model_name, "choices": [choice],
-                       "usage": _usage(out if isinstance(out, dict) else {})}
+                       "usage": _usage(out if isinstance(out, dict) else {}, debug)}
             return JSONResponse(payload, headers=headers)
-        return StreamingResponse(self._sse(out, kind, rid, created), media_type="text/event-stream", headers=headers)
+        return _OwnedStreamingResponse(self._sse(out, kind, rid, created), out, media_type="text/event-stream",
+                                       headers=headers)
 
     async def _sse(self, tokens: AsyncIterator, kind: str, rid: str, created: int):
         model = self.cfg.model_name
@@ -1023,13 +1200,18 @@ class RegionIngress(RegionIngressImpl):
                                             "owned_by": "ray_geolb", "region": self.region}]}
 
     @app.get("/healthz")
-    async def healthz(self):
-        reg = None if self.registry is None else self.registry.status()
-        return {"status": "ok", "region": self.region, "registry": reg,
-                "available_peers": sorted(self.router.available_peers(_now()))}
+    async def healthz(self, request: Request):
+        """Liveness for load balancers; the registry link and the peers only for the operator."""
+        out = {"status": "ok", "region": self.region}
+        if self._admin(request):
+            out["registry"] = None if self.registry is None else self.registry.status()
+            out["available_peers"] = sorted(self.router.available_peers(_now()))
+        return out
 
     @app.get("/v1/geolb/state")
-    async def geolb_state(self):
+    async def geolb_state(self, request: Request):
+        if not self._admin(request):
+            return self._forbidden("/v1/geolb/state")
         return self.state()
 
     async def check_health(self):

@@ -258,6 +258,25 @@ class GeoPrefixRouter(RequestRouter):
     def local_replica_ids(self) -> List[str]:
         return list(self._local_ids)
 
+    def accounting(self) -> dict:
+        """What requests hold in this router right now (leak checks; any thread). Idle values: every
+        count 0, ``unavailable`` 0 once fresh reports arrived, ``engines`` all ``[0, 0]``."""
+        tr = self.policy.tracker
+        engines = {}
+        for uid in list(self._local_ids):
+            st = self._last_stats.get(uid) or {}
+            engines[uid] = [st.get("num_waiting", 0), st.get("num_running", 0)]
+        return {
+            "router_pending": self.queue_len(),  # Ray's pending requests for this deployment
+            "router_entries": len(self._entries),  # requests choose_replicas saw, not yet routed
+            "router_held": len(self._held),
+            "router_inflight": len(self._inflight),  # routed, not completed
+            "tracker_outstanding": tr.total_outstanding(),  # reservations + in flight, per policy
+            "unavailable": len(self._local_ids) - len(tr.available),
+            "distrusted_reports": tr.distrusted_reports,
+            "engines": engines,
+        }
+
     # ------------------------------------------------------------------ replicas and stats
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)
@@ -297,7 +316,7 @@ class GeoPrefixRouter(RequestRouter):
                 continue
             self._last_stats[uid] = st
             try:
-                rs = ReplicaStats.from_dict(st, default_timestamp=now)
+                rs = ReplicaStats.from_dict(st, default_timestamp=now, now=now)
                 self.policy.on_stats(uid, rs)
                 if rs.ttft_samples:  # TTFTs the replica measured since its previous report
                     observe = self.policy.observe_ttft
@@ -355,6 +374,8 @@ class GeoPrefixRouter(RequestRouter):
                 self._hold(ent, iid)
                 return []
         d = self.policy.choose(ent.req, now, None)
+        if d is None and self.policy.tracker.revalidate(now):  # a frozen report hid an idle replica
+            d = self.policy.choose(ent.req, now, None)
         if d is None:
             self._hold(ent, iid)
             return []
@@ -449,7 +470,7 @@ class GeoPrefixRouter(RequestRouter):
 
     def _unreserve(self, ent: _Entry) -> None:
         if ent.target is not None:
-            self.policy.tracker.on_complete(ent.req.request_id, ent.target)
+            self.policy.tracker.on_complete(ent.req.request_id, ent.target, time.time())
             ent.target = None
 
     def _forget(self, iid: str) -> None:
@@ -508,10 +529,14 @@ class GeoPrefixRouter(RequestRouter):
             if x is not None:
                 target, req = x
                 self.policy.on_complete(internal_request_id, target, time.time(), req=req)
-            else:  # rejected by the replica before being accepted: release the reservation
+            else:
+                # Never accepted: the replica rejected it (Ray routes it again and choose_replicas
+                # makes a new entry), or the caller went away after the replica was chosen and
+                # before it answered (Ray cancels the send). Either way the entry and its reservation
+                # go -- unless a retry already reserved another replica for it.
                 ent = self._entries.get(internal_request_id)
-                if ent is not None and ent.target == replica_id.unique_id:
-                    self._unreserve(ent)
+                if ent is not None and ent.target in (None, replica_id.unique_id):
+                    self._forget(internal_request_id)
             if self._held:
                 self._wake_head()
         except Exception as e:
