@@ -2,7 +2,8 @@
 
 Layout:
   ray_geolb.policy  pure decision logic (no Ray import): shared by the simulator and the Ray router
-  ray_geolb.sim     engine model + discrete-event multi-region simulator
+  ray_geolb.engine  emulated engine model (+ profiles, tokens, network RTTs, wall-clock driver)
+  ray_geolb.sim     discrete-event multi-region simulator (steps the engine in virtual time)
   ray_geolb.serve   thin Ray Serve adapters (router, registry actor, region ingress, servers)
 """
 

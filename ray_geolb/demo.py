@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--latency-scale", type=float, default=1.0, help="multiplier on the inter-region RTTs")
     ap.add_argument("--stats-period", type=float, default=0.5,
                     help="request_routing_stats_period_s of the model deployments (GeoPrefixRouter load reports)")
-    ap.add_argument("--profile", default="llama3.1-8b-h100", help="engine profile (ray_geolb.sim.profiles)")
+    ap.add_argument("--profile", default="llama3.1-8b-h100", help="engine profile (ray_geolb.engine.profiles)")
     ap.add_argument("--policy", default=None,
                     help="GeoPrefixRouter policy for the 'geo' router (default: the router's default, geoprefix; "
                          "e.g. skylb for SkyLB with its prefix-snapshot region layer)")

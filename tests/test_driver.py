@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from ray_geolb.sim.driver import AsyncEngineDriver
-from ray_geolb.sim.engine import EngineConfig, EngineModel, EngineRequest
-from ray_geolb.sim.profiles import get_profile
+from ray_geolb.engine.driver import AsyncEngineDriver
+from ray_geolb.engine.engine import EngineConfig, EngineModel, EngineRequest
+from ray_geolb.engine.profiles import get_profile
 
 PROFILE = get_profile("mistral-7b-a100")
 

@@ -1,4 +1,4 @@
-"""Tests of the vLLM-v1-style engine state machine (ray_geolb.sim.engine)."""
+"""Tests of the vLLM-v1-style engine state machine (ray_geolb.engine.engine)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_geolb.sim.engine import EngineConfig, EngineModel, EngineRequest
-from ray_geolb.sim.profiles import get_profile
-from ray_geolb.sim.tokens import blocks_from_hash_ids, prompt_blocks
+from ray_geolb.engine.engine import EngineConfig, EngineModel, EngineRequest
+from ray_geolb.engine.profiles import get_profile
+from ray_geolb.engine.tokens import blocks_from_hash_ids, prompt_blocks
 
 PROFILE = get_profile("mistral-7b-a100")
 

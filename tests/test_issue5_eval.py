@@ -12,9 +12,9 @@
 
 import pytest
 
+from ray_geolb.engine.profiles import get_profile
 from ray_geolb.policy import PeerState, ReplicaStats, RouteRequest
 from ray_geolb.sim.deploy import SYSTEMS, deployment_for, resolve_network
-from ray_geolb.sim.profiles import get_profile
 from ray_geolb.sim.scenarios import build_workload, run_one, scenario_runs
 from ray_geolb.sim.simulator import SimConfig, Simulator
 

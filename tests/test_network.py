@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from ray_geolb.sim.network import DEFAULT_MAPPING, IBM_RTT_CSV, RegionNetwork
+from ray_geolb.engine.network import DEFAULT_MAPPING, IBM_RTT_CSV, RegionNetwork
 
 
 def _csv_table():

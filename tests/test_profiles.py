@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ray_geolb.sim.engine import EngineModel, EngineRequest
-from ray_geolb.sim.profiles import PROFILES, get_profile
+from ray_geolb.engine.engine import EngineModel, EngineRequest
+from ray_geolb.engine.profiles import PROFILES, get_profile
 
 
 def ttft_batch1(profile_name: str, prompt_tokens: int, arrival: float = 5.0) -> float:

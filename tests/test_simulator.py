@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from ray_geolb.engine.network import RegionNetwork
 from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.sim.deploy import DeploymentSpec, deployment_for, parse_regions
 from ray_geolb.sim.metrics import dumps, summarize
-from ray_geolb.sim.network import RegionNetwork
 from ray_geolb.sim.simulator import SimConfig, Simulator, simulate
 from ray_geolb.sim.workloads import Call, Program, Workload, tot
 from ray_geolb.sim.workloads.model import OpenLoopSpec

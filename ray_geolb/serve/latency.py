@@ -5,7 +5,7 @@ nothing. :class:`LatencyInjector` adds what the WAN would add: the one-way laten
 cross-region call reaches the peer, and again on the way back -- for a stream, each chunk is
 delivered one-way latency after the peer produced it (not merely "the first chunk late").
 
-RTTs come from :meth:`ray_geolb.sim.network.RegionNetwork.default` (us / eu / asia from the
+RTTs come from :meth:`ray_geolb.engine.network.RegionNetwork.default` (us / eu / asia from the
 shipped IBM Cloud RTT table), or from an explicit ``rtt_ms`` table. ``scale`` multiplies every
 latency (tests use e.g. 0.1; 0 disables injection). Intra-region calls are never delayed.
 
@@ -21,14 +21,14 @@ from typing import Any, AsyncIterator, Dict, Iterable, Mapping, Optional, Tuple
 
 __all__ = ["FALLBACK_RTT_MS", "LatencyInjector", "default_rtt_table"]
 
-#: used only if ``ray_geolb.sim.network`` cannot be imported
+#: used only if ``ray_geolb.engine.network`` cannot be imported
 FALLBACK_RTT_MS = {("us", "eu"): 98.0, ("us", "asia"): 167.0, ("eu", "asia"): 230.0}
 
 
 def default_rtt_table() -> Dict[Tuple[str, str], float]:
     """``{(a, b): rtt_ms}`` for the default regions, once per unordered pair."""
     try:
-        from ray_geolb.sim.network import RegionNetwork
+        from ray_geolb.engine.network import RegionNetwork
     except ImportError:  # pragma: no cover - the module ships with the package
         return dict(FALLBACK_RTT_MS)
     net = RegionNetwork.default()

@@ -1,6 +1,6 @@
 """Emulated model servers for Ray Serve: the GPU engine is the calibrated engine model
-(``ray_geolb.sim.engine.EngineModel`` driven in scaled wall-clock time by
-``ray_geolb.sim.driver.AsyncEngineDriver``); everything else (Serve, the router, the OpenAI ingress,
+(``ray_geolb.engine.engine.EngineModel`` driven in scaled wall-clock time by
+``ray_geolb.engine.driver.AsyncEngineDriver``); everything else (Serve, the router, the OpenAI ingress,
 HTTP) is real.
 
 Two servers:
@@ -49,11 +49,11 @@ from typing import Any, AsyncIterator, Deque, Dict, List, Optional
 
 from ray import serve
 
+from ray_geolb.engine.driver import AsyncEngineDriver
+from ray_geolb.engine.engine import EngineConfig, EngineModel, EngineRequest
+from ray_geolb.engine.profiles import get_profile
+from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy import canonical_text
-from ray_geolb.sim.driver import AsyncEngineDriver
-from ray_geolb.sim.engine import EngineConfig, EngineModel, EngineRequest
-from ray_geolb.sim.profiles import get_profile
-from ray_geolb.sim.tokens import prompt_blocks
 
 __all__ = [
     "REGION_LABEL", "EmulatedEngine", "EmulatedEngineServer", "emulated_deployment", "guard_broken_torch_extras",

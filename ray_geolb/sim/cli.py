@@ -76,7 +76,7 @@ def _build_runs(args, parser) -> List[dict]:
     from ray_geolb.policy.config import policy_names
 
     from .deploy import SYSTEMS
-    from .profiles import PROFILES
+    from ray_geolb.engine.profiles import PROFILES
     from .scenarios import build_workload, scenario_runs
 
     if args.duration is not None and not args.duration > 0:
@@ -140,7 +140,7 @@ def _build_runs(args, parser) -> List[dict]:
             parser.error(f"--policy: unknown system or policy {s!r}; systems: {_names_help()}; "
                          f"policies: {', '.join(sorted(known_pol))}")
     replicas = _parse_counts(parser, "--regions", args.regions)
-    from .network import RegionNetwork
+    from ray_geolb.engine.network import RegionNetwork
 
     net_regions = RegionNetwork.default().regions
     bad = [r for r in replicas if r not in net_regions]

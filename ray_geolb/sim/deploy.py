@@ -14,7 +14,7 @@ A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_
 * ``profile``: engine profile name (default ``llama3.1-8b-l4``, SkyLB's hardware);
 * ``stats_period_s`` / ``stats_jitter`` / ``stats_lag_s``: replica reports reach their LB(s) every
   period (+-jitter) after the lag (Ray Serve: controller poll + broadcast); ``heartbeat_s``: LB<->LB.
-* ``network``: a :class:`~ray_geolb.sim.network.RegionNetwork` (default ``RegionNetwork.default()``),
+* ``network``: a :class:`~ray_geolb.engine.network.RegionNetwork` (default ``RegionNetwork.default()``),
   or (through :func:`deployment_for` / :func:`resolve_network`) a name in ``NETWORKS`` or a plain dict
   ``{"regions": [...], "rtt_ms": [[a, b, ms], ...], "intra_ms": 0}`` so a run dict stays JSON-able;
 * ``rtt_aware``: the central LB's cost policy gets ``rtt_of_target`` = the RTT client -> LB -> replica
@@ -48,10 +48,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
+from ray_geolb.engine.network import RegionNetwork
+from ray_geolb.engine.profiles import PROFILES
 from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST
-
-from .network import RegionNetwork
-from .profiles import PROFILES
 
 __all__ = [
     "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
@@ -209,7 +208,7 @@ register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR
 register_system("flowkv", "central", "flowkv", "one central scheduler, FlowKV load-aware scenarios")
 
 def _network_hard() -> RegionNetwork:
-    from .network import IBM_RTT_CSV
+    from ray_geolb.engine.network import IBM_RTT_CSV
 
     # home / a near region / a far region, from the shipped IBM Cloud RTT table
     return RegionNetwork.from_csv(IBM_RTT_CSV, {"us-east": "Washington DC", "ca": "Toronto", "au": "Sydney"})

@@ -6,7 +6,7 @@ Python ``hash()`` of strings, no dependence on set iteration order. Same seed ->
 
 What is simulated
 -----------------
-* **Replicas**: one :class:`~ray_geolb.sim.engine.EngineModel` each. A replica with work is stepped
+* **Replicas**: one :class:`~ray_geolb.engine.engine.EngineModel` each. A replica with work is stepped
   at ``max(now, engine.next_ready_time())``; a step's results (first tokens -> TTFT, finished
   requests -> completion) are applied at ``now + duration`` and the next step starts right then.
   One event per engine step, never per token.
@@ -34,7 +34,7 @@ What is simulated
   LB with ``DeploymentSpec.rtt_aware`` (GORGO-proxy) gets
   ``policy.rtt_of_target(target, req)`` = RTT(client, LB) + RTT(LB, replica's region).
 * **Network**: client -> its LB -> (peer LB) -> replica, each hop paying the one-way delay of
-  :class:`~ray_geolb.sim.network.RegionNetwork`; tokens come back along the same path, so TTFT and
+  :class:`~ray_geolb.engine.network.RegionNetwork`; tokens come back along the same path, so TTFT and
   end-to-end latency include every hop twice. The LB that dispatched a request learns of its
   completion one replica->LB delay after the engine finished it.
 * **Clients**: closed loop (each client runs one program at a time, a program's calls respect
@@ -63,15 +63,15 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from ray_geolb.engine.engine import EngineModel, EngineRequest
+from ray_geolb.engine.profiles import get_profile
+from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.policy.base import POLICIES, RouteRequest
 from ray_geolb.policy.config import parse_policy_config
 from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
 
 from .deploy import DeploymentSpec
-from .engine import EngineModel, EngineRequest
-from .profiles import get_profile
-from .tokens import prompt_blocks
 
 __all__ = ["SimConfig", "Simulator", "SimResult", "simulate"]
 

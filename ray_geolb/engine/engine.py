@@ -2,7 +2,7 @@
 
 Pure state machine with an explicit ``now`` (seconds) argument: no sleeping, no threads.
 The same object is driven in virtual time by the discrete-event simulator and in
-(scaled) wall-clock time by :class:`ray_geolb.sim.driver.AsyncEngineDriver`.
+(scaled) wall-clock time by :class:`ray_geolb.engine.driver.AsyncEngineDriver`.
 
 Scheduling (one ``step(now)`` = one continuous-batching iteration, as vLLM v1):
 
