@@ -4,24 +4,31 @@ Pure state machine with an explicit ``now`` (seconds) argument: no sleeping, no 
 The same object is driven in virtual time by the discrete-event simulator and in
 (scaled) wall-clock time by :class:`ray_geolb.engine.driver.AsyncEngineDriver`.
 
-Scheduling (one ``step(now)`` = one continuous-batching iteration, as vLLM v1):
+Scheduling (one ``step(now)`` = one continuous-batching iteration, as vLLM v1; one method
+per phase):
 
-1. Requests whose fixed TTFT overhead has elapsed move from *pending* to the FCFS
-   *waiting* queue (see "TTFT overhead" below).
-2. Running requests first, in admission order: each gets ``min(remaining, token budget)``
-   new tokens (1 for a decode, a chunk for an unfinished prefill).  If its KV blocks do
-   not suffice and no free block exists, the most recently admitted running request is
-   preempted by *recompute* (blocks freed, ``num_computed`` reset, put at the FRONT of
-   the waiting queue; its already generated tokens are kept and recomputed on resume).
-3. Only if nothing was preempted this step: admit from the head of the waiting queue
-   while ``len(running) < max_num_seqs``, token budget remains and KV blocks suffice.
-   Prefix caching: the longest run of leading ``block_hashes`` present in the cache
-   (held by running requests or unreferenced in the LRU free list) is reused and not
-   prefilled (capped, like vLLM, so that at least the last prompt token is computed).
-   With chunked prefill a prompt longer than the remaining budget is split across steps.
-4. After the step a request whose computed tokens reach its current length samples one
-   token (first token for a fresh prefill, one decode token otherwise); a request that
-   has produced ``output_tokens`` tokens finishes and frees its blocks.
+1. ``_release_pending``: requests whose fixed TTFT overhead has elapsed move from
+   *pending* to the FCFS *waiting* queue (see "TTFT overhead" below).
+2. ``_schedule_running``: running requests first, in admission order: each gets
+   ``min(remaining, token budget)`` new tokens (1 for a decode, a chunk for an unfinished
+   prefill).  If its KV blocks do not suffice and no free block exists, the most recently
+   admitted running request is preempted by *recompute* (blocks freed, ``num_computed``
+   reset, put at the FRONT of the waiting queue; its already generated tokens are kept and
+   recomputed on resume).
+3. ``_admit_waiting``, only if nothing was preempted this step: admit from the head of the
+   waiting queue while ``len(running) < max_num_seqs``, token budget remains and KV blocks
+   suffice.  Prefix caching (``_prefix_hits``): the longest run of leading ``block_hashes``
+   present in the cache (held by running requests or unreferenced in the LRU free list) is
+   reused and not prefilled (capped, like vLLM, so that at least the last prompt token is
+   computed).  With chunked prefill a prompt longer than the remaining budget is split
+   across steps.
+4. ``_apply``: after the step a request whose computed tokens reach its current length
+   samples one token (first token for a fresh prefill, one decode token otherwise); a
+   request that has produced ``output_tokens`` tokens finishes and frees its blocks.  Full
+   prompt blocks computed so far are registered in the prefix cache (``_register_blocks``).
+
+When every running request decodes and nothing waits, ``_decode_step`` does phases 2 and 4
+in one pass (the decode fast path; same result as the general path).
 
 KV cache (block granular, O(1) per block op):
   * ``_num_free``: empty blocks; ``_cached``: hash -> refcount of blocks registered in
@@ -307,28 +314,49 @@ class EngineModel:
         return False
 
     def step(self, now: float) -> StepOutput:
+        """One continuous-batching iteration at ``now``: release pending requests, schedule the
+        running ones, admit from the waiting queue, then apply the batch (module docstring, 1-4)."""
         self._now = now
         pend = self._pending
-        waiting = self._waiting
         if pend and pend[0][0] <= now:
-            while pend and pend[0][0] <= now:
-                s = heappop(pend)[2]
-                if s.status == _PENDING:
-                    s.status = _WAITING
-                    waiting.append(s)
+            self._release_pending(now)
         running = self._running
+        waiting = self._waiting
         if not running and not waiting:
             self._waiting_reported = 0
             return StepOutput(0.0)
         if self._all_decode and not waiting and len(running) <= self._max_tokens and self.decode_fast_path:
             return self._decode_step(running)
 
-        B = self._B
-        budget = self._max_tokens
         scheduled = []
         preempted = []
+        budget = self._schedule_running(running, scheduled, preempted)
+        # admissions (FCFS), only if nothing was preempted this step
+        if not preempted:
+            self._admit_waiting(running, budget, scheduled)
+        # vLLM builds SchedulerStats right after schedule(): requests that arrived during the last
+        # step and are admitted now never show as waiting; only those the batch could not take do.
+        self._waiting_reported = len(waiting)
+        if not scheduled:
+            return StepOutput(0.0, preempted=preempted)
+        return self._apply(running, scheduled, preempted)
 
-        # 1) running requests
+    def _release_pending(self, now: float) -> None:
+        """Phase 1: requests whose TTFT overhead has elapsed by ``now`` join the waiting queue."""
+        pend = self._pending
+        waiting = self._waiting
+        while pend and pend[0][0] <= now:
+            s = heappop(pend)[2]
+            if s.status == _PENDING:
+                s.status = _WAITING
+                waiting.append(s)
+
+    def _schedule_running(self, running: list, scheduled: list, preempted: list) -> int:
+        """Phase 2: running requests first, in admission order, each ``min(remaining, budget)``
+        tokens; preempts the newest running requests when KV blocks run out. Appends to
+        ``scheduled``/``preempted`` and returns the token budget left."""
+        B = self._B
+        budget = self._max_tokens
         i = 0
         while i < len(running) and budget > 0:
             s = running[i]
@@ -343,67 +371,100 @@ class EngineModel:
             budget -= n
             scheduled.append(s)
             i += 1
+        return budget
 
-        # 2) admissions (FCFS), only if nothing was preempted this step
-        if not preempted:
-            max_seqs = self._max_seqs
+    def _prefix_hits(self, s: _Seq) -> tuple:
+        """``(hits, in_lru)``: leading prompt blocks of ``s`` in the prefix cache (capped so that at
+        least the last prompt token is computed), and how many of them are unreferenced (LRU)."""
+        hits = 0
+        in_lru = 0
+        hs = s.hashes
+        if hs:
             cached = self._cached
-            lru = self._lru
-            while waiting and budget > 0 and len(running) < max_seqs:
-                s = waiting[0]
-                hits = 0
-                in_lru = 0
-                hs = s.hashes
-                if hs:
-                    lim = (s.num_tokens - 1) // B
-                    if lim > len(hs):
-                        lim = len(hs)
-                    while hits < lim:
-                        c = cached.get(hs[hits])
-                        if c is None:
-                            break
-                        if c == 0:
-                            in_lru += 1
-                        hits += 1
-                computed = hits * B
-                n = s.num_tokens - computed
-                if n > budget:
-                    if not self._chunked:
-                        break
-                    n = budget
-                need = (computed + n + B - 1) // B - hits
-                if need > self._num_free + len(lru) - in_lru:
+            lim = (s.num_tokens - 1) // self._B
+            if lim > len(hs):
+                lim = len(hs)
+            while hits < lim:
+                c = cached.get(hs[hits])
+                if c is None:
                     break
-                waiting.popleft()
-                if hits:
-                    hit_hashes = hs[:hits]
-                    for h in hit_hashes:
-                        c = cached[h]
-                        if c == 0:
-                            del lru[h]
-                        cached[h] = c + 1
-                    s.hashed = hit_hashes
-                    s.num_blocks = hits
-                s.next_hash = hits
-                s.num_computed = computed
-                if need > 0:
-                    self._alloc(s, need)  # cannot fail: checked above
-                if not s.resumed:
-                    self._q_tokens += s.prompt
-                    self._hit_tokens += computed
-                s.status = _RUNNING
-                running.append(s)
-                s.sched = n
-                budget -= n
-                scheduled.append(s)
+                if c == 0:
+                    in_lru += 1
+                hits += 1
+        return hits, in_lru
 
-        # vLLM builds SchedulerStats right after schedule(): requests that arrived during the last
-        # step and are admitted now never show as waiting; only those the batch could not take do.
-        self._waiting_reported = len(waiting)
-        if not scheduled:
-            return StepOutput(0.0, preempted=preempted)
+    def _admit_waiting(self, running: list, budget: int, scheduled: list) -> None:
+        """Phase 3: admit from the head of the waiting queue (FCFS) while a sequence slot, token
+        budget and KV blocks remain, reusing cached prefix blocks; appends to ``scheduled``."""
+        B = self._B
+        max_seqs = self._max_seqs
+        waiting = self._waiting
+        cached = self._cached
+        lru = self._lru
+        while waiting and budget > 0 and len(running) < max_seqs:
+            s = waiting[0]
+            hits, in_lru = self._prefix_hits(s)
+            computed = hits * B
+            n = s.num_tokens - computed
+            if n > budget:
+                if not self._chunked:
+                    break
+                n = budget
+            need = (computed + n + B - 1) // B - hits
+            if need > self._num_free + len(lru) - in_lru:
+                break
+            waiting.popleft()
+            if hits:
+                hit_hashes = s.hashes[:hits]
+                for h in hit_hashes:
+                    c = cached[h]
+                    if c == 0:
+                        del lru[h]
+                    cached[h] = c + 1
+                s.hashed = hit_hashes
+                s.num_blocks = hits
+            s.next_hash = hits
+            s.num_computed = computed
+            if need > 0:
+                self._alloc(s, need)  # cannot fail: checked above
+            if not s.resumed:
+                self._q_tokens += s.prompt
+                self._hit_tokens += computed
+            s.status = _RUNNING
+            running.append(s)
+            s.sched = n
+            budget -= n
+            scheduled.append(s)
 
-        # 3) apply the iteration
+    def _register_blocks(self, s: _Seq, computed: int) -> None:
+        """Register the full prompt blocks of ``s`` computed so far in the prefix cache; a block
+        whose hash is already cached is shared and the request's own copy freed."""
+        nh = s.next_hash
+        hs = s.hashes
+        upto = computed // self._B
+        if upto > len(hs):
+            upto = len(hs)
+        if upto > nh:
+            cached = self._cached
+            hashed = s.hashed
+            for k in range(nh, upto):
+                h = hs[k]
+                rc = cached.get(h)
+                if rc is None:
+                    cached[h] = 1
+                else:
+                    # same content already cached (recomputed last block, or
+                    # computed concurrently): share it, free our copy
+                    if rc == 0:
+                        del self._lru[h]
+                    cached[h] = rc + 1
+                    self._num_free += 1
+                hashed.append(h)
+            s.next_hash = upto
+
+    def _apply(self, running: list, scheduled: list, preempted: list) -> StepOutput:
+        """Phase 4: apply the iteration: advance computed tokens, register prompt blocks, sample
+        one token per request that reached its length, finish those done; returns the output."""
         prefill = 0
         decodes = 0
         ctx = 0
@@ -411,7 +472,6 @@ class EngineModel:
         tokens = []
         finished = []
         caching = self._caching
-        cached = self._cached
         for s in scheduled:
             n = s.sched
             c = s.num_computed + n
@@ -422,29 +482,8 @@ class EngineModel:
             else:
                 prefill += n
             s.num_computed = c
-            if caching:
-                nh = s.next_hash
-                hs = s.hashes
-                if nh < len(hs):
-                    upto = c // B
-                    if upto > len(hs):
-                        upto = len(hs)
-                    if upto > nh:
-                        hashed = s.hashed
-                        for k in range(nh, upto):
-                            h = hs[k]
-                            rc = cached.get(h)
-                            if rc is None:
-                                cached[h] = 1
-                            else:
-                                # same content already cached (recomputed last block, or
-                                # computed concurrently): share it, free our copy
-                                if rc == 0:
-                                    del self._lru[h]
-                                cached[h] = rc + 1
-                                self._num_free += 1
-                            hashed.append(h)
-                        s.next_hash = upto
+            if caching and s.next_hash < len(s.hashes):
+                self._register_blocks(s, c)
             if c == nt:
                 s.num_tokens = nt + 1
                 o = s.num_output + 1
