@@ -22,17 +22,14 @@ import sys
 import time
 import tracemalloc
 
+from ray_geolb.percentile import percentile
+
 
 def make_prompts(n, length, seed):
     rng = random.Random(seed)
     alphabet = string.ascii_letters + "      "
     heads = ["".join(rng.choices(alphabet, k=length // 8)) for _ in range(32)]
     return [heads[rng.randrange(32)] + "".join(rng.choices(alphabet, k=length - length // 8)) for _ in range(n)]
-
-
-def pct(xs, q):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def bench_ours(prompts, n_targets):
@@ -121,13 +118,15 @@ def main(argv=None):
         for n_targets in (16, 256):
             ours = bench_ours(prompts, n_targets)
             ray_ = bench_ray(prompts, n_targets) if have_ray else None
+            ours_p50, ours_p99 = percentile(ours, (50, 99))
             row = {
                 "prompt": label, "targets": n_targets, "n": n,
-                "ours_p50_us": pct(ours, 0.5) * 1e6, "ours_p99_us": pct(ours, 0.99) * 1e6,
+                "ours_p50_us": ours_p50 * 1e6, "ours_p99_us": ours_p99 * 1e6,
             }
             if ray_:
-                row.update(ray_p50_us=pct(ray_, 0.5) * 1e6, ray_p99_us=pct(ray_, 0.99) * 1e6,
-                           speedup_p50=pct(ray_, 0.5) / pct(ours, 0.5),
+                ray_p50, ray_p99 = percentile(ray_, (50, 99))
+                row.update(ray_p50_us=ray_p50 * 1e6, ray_p99_us=ray_p99 * 1e6,
+                           speedup_p50=ray_p50 / ours_p50,
                            speedup_mean=statistics.mean(ray_) / statistics.mean(ours))
             rows.append(row)
             print(f"  done {label} x {n_targets} targets", file=sys.stderr)

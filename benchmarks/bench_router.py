@@ -48,6 +48,7 @@ from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router i
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
 
 import ray_geolb.serve as geo_serve
+from ray_geolb.percentile import percentile
 from ray_geolb.serve.local import start_local_ray
 from ray_geolb.serve.router import DEFAULT_POLICY, GeoPrefixRouter
 
@@ -165,14 +166,6 @@ async def drive(h, reqs, concurrency):
     return out, time.perf_counter() - t0
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    if not xs:
-        return float("nan")
-    k = min(len(xs) - 1, max(0, int(round(q / 100.0 * (len(xs) - 1)))))
-    return xs[k]
-
-
 def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     app = f"bench-{key.lower()}-{rnd}"
     dep = serve.deployment(
@@ -206,9 +199,12 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
         r = geo_serve.router_for(app, "Light")
         extra = f"held={r.counters['held']} errors={r.counters['internal_errors']} fallback={r.counters['fallback']}"
     serve.delete(app)
+    nan = float("nan")
+    p50, p99 = percentile(times_ms, (50, 99)) if times_ms else (nan, nan)
+    cpu_p50, cpu_p99 = percentile(cpu_ms, (50, 99)) if cpu_ms else (nan, nan)
     return {
-        "router": label, "round": rnd, "load1": os.getloadavg()[0], "n_timed": len(times_ms), "p50_ms": pct(times_ms, 50), "p99_ms": pct(times_ms, 99),
-        "cpu_p50_ms": pct(cpu_ms, 50), "cpu_p99_ms": pct(cpu_ms, 99),
+        "router": label, "round": rnd, "load1": os.getloadavg()[0], "n_timed": len(times_ms), "p50_ms": p50, "p99_ms": p99,
+        "cpu_p50_ms": cpu_p50, "cpu_p99_ms": cpu_p99,
         "mean_ms": statistics.fmean(times_ms) if times_ms else float("nan"),
         "rps": len(reqs) / wall, "affinity": hits / max(1, later), "warm": warm_hits / max(1, later),
         "spread": sorted(counts.values(), reverse=True), "extra": extra,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
 import signal
 import sys
@@ -33,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from ray_geolb.percentile import percentile
 from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
 ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
 
@@ -234,14 +234,6 @@ def engine_stats(app_names: List[str]) -> Dict[str, dict]:
     return out
 
 
-def _pct(xs: List[float], q: float) -> Optional[float]:
-    if not xs:
-        return None
-    xs = sorted(xs)
-    k = max(0, min(len(xs) - 1, math.ceil(q / 100.0 * len(xs)) - 1))
-    return xs[k]
-
-
 def summarize(router: str, label: str, records: List[dict], t0: float, duration: float, stats: Dict[str, dict]) -> dict:
     in_window = [r for r in records if r["t1"] <= t0 + duration]
     ok = [r for r in in_window if r["status"] == 200 and r["ttft"] is not None]
@@ -258,9 +250,9 @@ def summarize(router: str, label: str, records: List[dict], t0: float, duration:
         "ok": len(ok),
         "errors": sum(1 for r in in_window if r["status"] != 200),
         "throughput_rps": len(ok) / duration if duration > 0 else 0.0,
-        "ttft_p50_ms": None if not ttft else 1000 * _pct(ttft, 50),
-        "ttft_p99_ms": None if not ttft else 1000 * _pct(ttft, 99),
-        "ttft_p50_ms_by_origin": {k: 1000 * _pct(v, 50) for k, v in sorted(by_region.items())},
+        "ttft_p50_ms": None if not ttft else 1000 * percentile(ttft, 50),
+        "ttft_p99_ms": None if not ttft else 1000 * percentile(ttft, 99),
+        "ttft_p50_ms_by_origin": {k: 1000 * percentile(v, 50) for k, v in sorted(by_region.items())},
         "prefix_hit_rate": (h / q) if q else None,
         "cross_region_share": (sum(1 for r in ok if r["route"] == "forwarded") / len(ok)) if ok else 0.0,
         "served_by_region": {reg: sum(1 for r in ok if r["served"] == reg) for reg in sorted({r["served"] for r in ok})},

@@ -5,7 +5,8 @@
 * ``throughput_rps`` / ``throughput_out_tok_s``: completed requests (output tokens) per second of the
   run (``elapsed_s``: the cut-off time, or the last completion if everything ended earlier);
 * ``ttft_s`` / ``e2e_s`` / ``lb_queue_s``: ``{mean, p50, p90, p99}`` over completed requests
-  (client-side: every network hop counted both ways); percentiles by linear interpolation;
+  (client-side: every network hop counted both ways); percentiles by linear interpolation
+  (:mod:`ray_geolb.percentile`, numpy's default);
 * ``prefix_hit_rate``: engine prefix-cache hit tokens / queried prompt tokens, summed over replicas
   (vLLM's ``prefix_cache_stats``; recomputation after preemption is not counted);
 * ``outstanding_cv`` / ``outstanding_max_over_min``: per-replica outstanding requests (engine-side:
@@ -24,24 +25,19 @@ import json
 import math
 from typing import Any, Dict, Iterable, List, Sequence
 
+from ray_geolb.percentile import percentile
+
 __all__ = ["summarize", "dumps", "round_floats", "percentiles", "summary_table", "ttft_values"]
 
 FLOAT_DIGITS = 6
 
 
 def percentiles(xs: Sequence[float]) -> Dict[str, float]:
+    """``{mean, p50, p90, p99, n}`` of ``xs`` (percentiles: :func:`ray_geolb.percentile.percentile`)."""
     if not xs:
         return {"mean": None, "p50": None, "p90": None, "p99": None, "n": 0}
-    s = sorted(xs)
-    n = len(s)
-
-    def q(p):
-        k = (n - 1) * p
-        f = math.floor(k)
-        c = min(f + 1, n - 1)
-        return s[f] + (s[c] - s[f]) * (k - f)
-
-    return {"mean": math.fsum(s) / n, "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "n": n}
+    p50, p90, p99 = percentile(xs, (50, 90, 99))
+    return {"mean": math.fsum(xs) / len(xs), "p50": p50, "p90": p90, "p99": p99, "n": len(xs)}
 
 
 def _mean(xs: Iterable[float]):

@@ -260,6 +260,8 @@ def run_one(run: Dict[str, Any], progress=None) -> Dict[str, Any]:
     dep = deployment_for(run["system"], run["replicas"], **dict(run.get("deploy") or {}))
     res = simulate(wl, dep, SimConfig(**run["sim"]), progress=progress)
     m = summarize(res)
+    # The plotted CDF: 101 order statistics (rank round(q / 100 * (n - 1)), no interpolation), not
+    # ray_geolb.percentile: results.json carries these points and interpolating would change them.
     ttft = sorted(r[1] for r in res.requests)
     m["ttft_cdf"] = [ttft[min(len(ttft) - 1, int(round(q / 100 * (len(ttft) - 1))))] for q in range(101)] if ttft else []
     m["label"] = run["label"]
