@@ -23,7 +23,7 @@ import random
 from itertools import accumulate, compress, islice
 from operator import le
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple
 
 from .availability import LoadTracker, ReplicaStats
 from .canonical import canonical_text
@@ -33,7 +33,19 @@ __all__ = ["RouteRequest", "Decision", "Policy", "register", "POLICIES", "least_
 
 @dataclass
 class RouteRequest:
-    """What a policy sees of a request. ``text`` is the canonical prompt text."""
+    """What a policy sees of a request. ``text`` is the canonical prompt text.
+
+    A request also carries two memos from ``choose`` to ``on_dispatch`` (the same object goes through
+    both), each behind a method that says what it holds:
+
+    * :meth:`prepared_for` -- the text hashed into one prefix index's blocks, computed once per
+      index (the local policy's index, the region layer's snapshot);
+    * :meth:`note_pricing` / :meth:`pricing_by` -- what a cost policy priced at choice time (the
+      estimated cached tokens per replica and the replicas priced), read back at dispatch.
+
+    ``driver_data`` is the driver's own: policies never read it; it is handed back to the driver's
+    hooks (the simulator's oracle ``cache_probe`` keeps the prompt's KV block hashes there).
+    """
 
     request_id: str
     text: str
@@ -44,8 +56,10 @@ class RouteRequest:
     allowed_regions: Optional[FrozenSet[str]] = None
     tenant: Optional[str] = None
     hops: int = 0
-    # Per-request caches (hashed text per index geometry, GORGO features...).
-    cache: Dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    driver_data: Any = field(default=None, repr=False, compare=False)
+    _prepared: Dict[int, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _pricing: Dict[int, Tuple[Dict[Hashable, float], Sequence[Hashable]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -62,6 +76,23 @@ class RouteRequest:
     @classmethod
     def from_body(cls, request_id: str, body: Any, **kw) -> "RouteRequest":
         return cls(request_id=request_id, text=canonical_text(body), **kw)
+
+    def prepared_for(self, index) -> Any:
+        """``index.prepare(self.text)``, computed once per index object and kept with the request."""
+        key = id(index)
+        p = self._prepared.get(key)
+        if p is None:
+            p = self._prepared[key] = index.prepare(self.text)
+        return p
+
+    def note_pricing(self, owner: Any, hits: Dict[Hashable, float], priced: Sequence[Hashable]) -> None:
+        """Record what ``owner`` (a cost policy) priced for this request: estimated cached tokens per
+        target and the targets it priced (the last call wins)."""
+        self._pricing[id(owner)] = (hits, priced)
+
+    def pricing_by(self, owner: Any) -> Optional[Tuple[Dict[Hashable, float], Sequence[Hashable]]]:
+        """``(hits, priced)`` as ``owner`` last noted them, or None if it never priced this request."""
+        return self._pricing.get(id(owner))
 
 
 @dataclass

@@ -203,11 +203,7 @@ class RegionRouter:
         return min(peers, key=lambda r: (self._rtt(r), r)), 0, "nearest"
 
     def _prepared(self, req: RouteRequest):
-        key = ("snapshot", id(self.snapshot))
-        p = req.cache.get(key)
-        if p is None:
-            p = req.cache[key] = self.snapshot.prepare(req.text)
-        return p
+        return req.prepared_for(self.snapshot)
 
     # ------------------------------------------------------------ events
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:

@@ -80,7 +80,6 @@ _LB_ARRIVE, _REP_ARRIVE, _STEP_END, _STEP_WAKE, _LB_DONE, _CLIENT_DONE = 0, 1, 2
 _STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _HB_DELIVER, _PROG_START, _OPEN_ARRIVAL, _SAMPLE, _PING_REPLY = (
     6, 7, 8, 9, 10, 11, 12, 13)
 
-_BLOCKS_KEY = ("sim", "blocks")
 _BLOCK_CACHE_MAX = 4096
 
 
@@ -232,7 +231,8 @@ class Simulator:
         return self.now
 
     def _cache_probe(self, target, req: RouteRequest) -> int:
-        return self.replicas[target].engine.cached_prefix_tokens(req.cache.get(_BLOCKS_KEY, ()))
+        blocks = req.driver_data  # the prompt's KV block hashes (set in _send)
+        return self.replicas[target].engine.cached_prefix_tokens(blocks if blocks is not None else ())
 
     def _build(self) -> None:
         dep = self.dep
@@ -464,8 +464,7 @@ class Simulator:
             self._call_done(run, ci)
             return
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
-                            region=region, tenant=call.tenant)
-        rreq.cache[_BLOCKS_KEY] = hashes
+                            region=region, tenant=call.tenant, driver_data=hashes)
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now)
         self._inflight += 1
         lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]

@@ -152,7 +152,6 @@ class CostPolicy(PrefixPolicy):
         RTT term is the same for all)."""
         cfg = self.config
         hits = self._hits(req, eligible, now)
-        req.cache[("hits", id(self))] = hits
         cands = eligible
         outstanding = self.tracker.outstanding
         if len(eligible) > cfg.exact_upto:
@@ -160,7 +159,7 @@ class CostPolicy(PrefixPolicy):
             if len(rest) > cfg.sample_unmatched:
                 rest = heapq.nsmallest(cfg.sample_unmatched, rest, key=outstanding)
             cands = [t for t in eligible if t in hits] + rest
-        req.cache[("priced", id(self))] = cands
+        req.note_pricing(self, hits, cands)  # read back at dispatch (_record) and by _pick
         L = req.prompt_tokens
         pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
         rtt = self.rtt if self._rtt_fn is not None else None
@@ -198,14 +197,15 @@ class CostPolicy(PrefixPolicy):
     def _pick(self, req, eligible, now):
         costs = self.costs(req, eligible, now)
         t = self._argmin(costs)
-        hits = req.cache[("hits", id(self))]
+        hits = req.pricing_by(self)[0]
         matched = int(round(hits.get(t, 0.0) * self.config.chars_per_token)) if t in hits else 0
         return Decision(t, matched, self._reason)
 
     # ------------------------------------------------------------ events
     def _record(self, req, target, now):
-        hits = req.cache.get(("hits", id(self)))
-        if hits is None or (target not in hits and target not in req.cache.get(("priced", id(self)), ())):
+        pricing = req.pricing_by(self)
+        hits = pricing[0] if pricing is not None else None
+        if hits is None or (target not in hits and target not in pricing[1]):
             hits = self._hits(req, [target], now)  # not priced at choice time (e.g. Ray picked another replica)
         uncached = max(0.0, req.prompt_tokens - hits.get(target, 0.0))
         super()._record(req, target, now)

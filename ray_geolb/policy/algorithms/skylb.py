@@ -26,11 +26,7 @@ class PrefixPolicy(Policy):
             self.index = self.config.prefix.build(self._clock)
 
     def prepared(self, req):
-        key = ("prefix", id(self.index))
-        p = req.cache.get(key)
-        if p is None:
-            p = req.cache[key] = self.index.prepare(req.text)
-        return p
+        return req.prepared_for(self.index)
 
     def _record(self, req, target, now):
         self.index.insert(self.prepared(req), target, now)
