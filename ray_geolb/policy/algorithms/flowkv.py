@@ -40,7 +40,7 @@ from typing import Deque, Dict, Hashable, Literal, Tuple
 from pydantic import Field, model_validator
 
 from ..base import Decision, register
-from .gorgo import CostConfig, CostPolicy
+from ..cost_policy import CostConfig, CostPolicy
 
 __all__ = ["FlowKV"]
 

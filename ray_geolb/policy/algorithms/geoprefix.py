@@ -62,7 +62,7 @@ from typing import Literal, Optional
 from pydantic import Field
 
 from ..base import register
-from .gorgo import CostConfig, CostPolicy
+from ..cost_policy import CostConfig, CostPolicy
 
 __all__ = ["GeoPrefix", "geoprefix_two_layer"]
 

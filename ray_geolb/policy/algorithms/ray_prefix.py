@@ -14,7 +14,7 @@ from pydantic import Field
 
 from ..base import Decision, register
 from ..config import PolicyConfig, PrefixIndexConfig
-from .skylb import PrefixPolicy
+from ..prefix_policy import PrefixPolicy
 
 
 @register

@@ -15,7 +15,7 @@ from pydantic import Field
 
 from ..base import Decision, least_loaded, register
 from ..config import PolicyConfig, PrefixIndexConfig
-from .skylb import PrefixPolicy
+from ..prefix_policy import PrefixPolicy
 
 
 @register

@@ -10,29 +10,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import Decision, Policy, least_loaded, register
+from ..base import Decision, least_loaded, register
 from ..config import PolicyConfig, PrefixIndexConfig
-
-
-class PrefixPolicy(Policy):
-    """Base for policies that keep an approximate prefix index over their targets."""
-
-    def __init__(self, config=None, targets=(), clock=None, **kw):
-        self._clock = clock
-        super().__init__(config, targets=targets, **kw)
-
-    def _targets_changed(self):
-        if not hasattr(self, "index"):
-            self.index = self.config.prefix.build(self._clock)
-
-    def prepared(self, req):
-        return req.prepared_for(self.index)
-
-    def _record(self, req, target, now):
-        self.index.insert(self.prepared(req), target, now)
-
-    def _forget(self, target):
-        self.index.remove_target(target)
+from ..prefix_policy import PrefixPolicy
 
 
 @register
