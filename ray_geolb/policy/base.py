@@ -23,12 +23,13 @@ import random
 from itertools import accumulate, compress, islice
 from operator import le
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple, Type
 
 from .availability import LoadTracker, ReplicaStats
 from .canonical import canonical_text
+from .config import PolicyConfig
 
-__all__ = ["RouteRequest", "Decision", "Policy", "register", "POLICIES", "least_loaded"]
+__all__ = ["RouteRequest", "Decision", "Policy", "UnknownPolicyError", "least_loaded"]
 
 
 @dataclass
@@ -102,13 +103,8 @@ class Decision:
     reason: str = ""
 
 
-POLICIES: Dict[str, type] = {}
-
-
-def register(cls):
-    """Class decorator: make a policy buildable by its ``name``."""
-    POLICIES[cls.name] = cls
-    return cls
+class UnknownPolicyError(ValueError):
+    """A policy config names no known policy, or another policy than the class it is given to."""
 
 
 def least_loaded(targets: Sequence[Hashable], tracker: LoadTracker, rng: random.Random) -> Hashable:
@@ -144,13 +140,13 @@ class Policy:
     """Base class: availability + bookkeeping. Subclasses implement ``_pick``."""
 
     name: ClassVar[str] = "base"
+    #: the policy's pydantic config (a :class:`PolicyConfig` whose ``name`` is the literal ``name``)
+    Config: ClassVar[Type[PolicyConfig]]
     #: default availability mode when the config does not say (the paper's choice for this system)
     default_availability: ClassVar[str] = "bp"
 
     def __init__(self, config=None, targets: Iterable[Hashable] = (), cache_probe: Callable = None):
-        from .config import config_for  # local import: config imports the algorithms' configs
-
-        self.config = config_for(self.name, config)
+        self.config = self.parse_config(config)
         av = self.config.availability
         self.tracker = LoadTracker(
             mode=av.mode or self.default_availability,
@@ -167,6 +163,23 @@ class Policy:
         self._target_set: FrozenSet[Hashable] = frozenset()
         self._all_available: Optional[List[Hashable]] = None  # last eligible() over all targets
         self.set_targets(targets)
+
+    @classmethod
+    def parse_config(cls, config=None) -> PolicyConfig:
+        """This policy's config from None (the defaults), a dict of its ``Config`` fields (``name``
+        optional) or a config object; a config naming another policy raises UnknownPolicyError."""
+        if config is None:
+            return cls.Config()
+        if isinstance(config, dict):
+            config = {"name": cls.name, **config}
+            if config["name"] != cls.name:
+                raise UnknownPolicyError(f"policy.name: config is for {config['name']!r}, not {cls.name!r}")
+            return cls.Config.model_validate(config)
+        if not isinstance(config, PolicyConfig):
+            raise TypeError(f"policy config must be a dict or a PolicyConfig, got {type(config).__name__}")
+        if config.name != cls.name:
+            raise UnknownPolicyError(f"policy.name: config is for {config.name!r}, not {cls.name!r}")
+        return config
 
     # ---------------------------------------------------------------- driver API
     def set_targets(self, targets: Iterable[Hashable]) -> None:

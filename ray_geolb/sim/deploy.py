@@ -286,7 +286,7 @@ def deployment_for(system: Any, replicas: Dict[str, int], *, network: Optional[R
     if isinstance(system, str) and system in SYSTEMS:
         rec = SYSTEMS[system]
     else:
-        from ray_geolb.policy.config import parse_policy_config
+        from ray_geolb.policy.factory import parse_policy_config
 
         try:
             parse_policy_config(system)

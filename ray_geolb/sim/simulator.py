@@ -16,7 +16,7 @@ What is simulated
   measured and delivered to its LB(s) ``stats_lag_s`` + one-way network delay later as a
   :class:`~ray_geolb.policy.availability.ReplicaStats` whose ``timestamp`` is the measurement time.
 * **Load balancers**: each LB is a :class:`~ray_geolb.policy.two_layer.RegionRouter` around a local
-  policy built by :func:`~ray_geolb.policy.config.build_policy`. Each LB has a strict FCFS queue: the
+  policy built by :func:`~ray_geolb.policy.factory.build_policy`. Each LB has a strict FCFS queue: the
   head is decided (local / forward / hold / reject); on *hold* nothing behind it may overtake. The
   queue is retried whenever something changes at that LB (arrival, stats delivery, completion seen
   by the LB, heartbeat received). A central LB is a RegionRouter with ``max_hops=0`` whose local
@@ -64,8 +64,8 @@ from heapq import heappop, heappush
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from ray_geolb.policy.availability import ReplicaStats
-from ray_geolb.policy.base import POLICIES, RouteRequest
-from ray_geolb.policy.config import parse_policy_config
+from ray_geolb.policy.base import RouteRequest
+from ray_geolb.policy.factory import parse_policy_config, policy_class
 from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
 
 from .deploy import DeploymentSpec
@@ -221,7 +221,7 @@ class Simulator:
         cfg = parse_policy_config(spec)
         if isinstance(spec, str) or (isinstance(spec, dict) and "seed" not in spec):
             cfg = cfg.model_copy(update={"seed": self.cfg.seed})
-        cls = POLICIES[cfg.name]
+        cls = policy_class(cfg.name)
         kw: Dict[str, Any] = {"cache_probe": self._cache_probe}
         if "clock" in inspect.signature(cls.__init__).parameters:
             kw["clock"] = self._clock

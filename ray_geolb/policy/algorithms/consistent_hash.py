@@ -3,11 +3,9 @@
 
 from typing import Literal
 
-from ..base import register
 from ..ring_policy import RingConfig, RingPolicy
 
 
-@register
 class ConsistentHash(RingPolicy):
     name = "consistent_hash"
 

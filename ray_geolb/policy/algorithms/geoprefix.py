@@ -61,13 +61,11 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ..base import register
 from ..cost_policy import CostConfig, CostPolicy
 
 __all__ = ["GeoPrefix", "geoprefix_two_layer"]
 
 
-@register
 class GeoPrefix(CostPolicy):
     name = "geoprefix"
     default_availability = "sp-p"

@@ -27,13 +27,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from ..base import register
 from ..cost_policy import CostConfig, CostPolicy
 
 __all__ = ["Gorgo", "GorgoProxy"]
 
 
-@register
 class Gorgo(CostPolicy):
     name = "gorgo"
 
@@ -41,7 +39,6 @@ class Gorgo(CostPolicy):
         name: Literal["gorgo"] = "gorgo"
 
 
-@register
 class GorgoProxy(CostPolicy):
     name = "gorgo_proxy"
 

@@ -10,12 +10,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import Decision, least_loaded, register
+from ..base import Decision, least_loaded
 from ..config import PolicyConfig, PrefixIndexConfig
 from ..prefix_policy import PrefixPolicy
 
 
-@register
 class SkyLB(PrefixPolicy):
     name = "skylb"
     default_availability = "sp-p"

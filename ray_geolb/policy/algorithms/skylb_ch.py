@@ -3,11 +3,9 @@ the ring past replicas that are not available under selective pushing by pending
 
 from typing import Literal
 
-from ..base import register
 from ..ring_policy import RingConfig, RingPolicy
 
 
-@register
 class SkyLBCH(RingPolicy):
     name = "skylb_ch"
     default_availability = "sp-p"
