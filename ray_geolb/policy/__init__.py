@@ -11,7 +11,8 @@ from .config import AvailabilityConfig, PolicyConfig, PrefixIndexConfig
 from .factory import POLICY_CLASSES, build_policy, config_for, parse_policy_config, policy_class, policy_names
 from .hash_ring import HashRing
 from .prefix_index import PrefixIndex
-from .two_layer import PeerState, RegionDecision, RegionRouter, TwoLayerConfig
+from .region.config import TwoLayerConfig
+from .region.router import PeerState, RegionDecision, RegionRouter
 
 __all__ = [
     "AvailabilityConfig",

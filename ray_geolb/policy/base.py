@@ -28,6 +28,7 @@ from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable,
 from .availability import LoadTracker, ReplicaStats
 from .canonical import canonical_text
 from .config import PolicyConfig
+from .prefix_index import PrefixIndex
 
 __all__ = ["RouteRequest", "Decision", "Policy", "UnknownPolicyError", "least_loaded"]
 
@@ -261,3 +262,20 @@ class Policy:
 
     def describe(self) -> dict:
         return {"policy": self.name, "availability": self.tracker.mode}
+
+    # ---------------------------------------------------------------- what the region layer reads
+    # (ray_geolb.policy.region.local_layer.LocalLayer; besides targets, tracker, choose, on_dispatch)
+    #: the prefix index of what this policy sent where (prefix policies); None: it keeps none
+    index: Optional[PrefixIndex] = None
+    #: the mean prompt length (tokens) this policy has seen; None: it does not track it
+    mean_prompt_tokens: Optional[float] = None
+
+    def region_t_p(self) -> Optional[float]:
+        """Seconds per prefill token on these replicas as this policy prices them; None: this policy
+        has no TTFT model (the region layer then uses its own prior)."""
+        return None
+
+    def queued_tokens(self, target: Hashable) -> Optional[float]:
+        """Prefill tokens queued ahead of a new request at ``target``; None: not estimated here (the
+        region layer then uses reported waiting + unseen dispatches at the mean prompt length)."""
+        return None

@@ -138,6 +138,10 @@ class CostPolicy(PrefixPolicy):
         """Seconds per prefill token over this LB's replicas (the pooled fit, ``tp_floor`` applied)."""
         return self._floor(self.ttft.t_p())
 
+    def region_t_p(self) -> float:
+        """The region layer's t_p for this LB's replicas (``LocalLayer``): the pooled fit, floor applied."""
+        return self.pooled_t_p()
+
     def t_p(self, target: Hashable) -> float:
         """Seconds per prefill token at ``target`` (its own fit, or the pooled one; see ``tp_scope``)."""
         return self.pooled_t_p() if self.config.tp_scope == "pooled" else self._floor(self.ttft.t_p(target))

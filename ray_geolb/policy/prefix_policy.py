@@ -19,7 +19,7 @@ class PrefixPolicy(Policy):
         super().__init__(config, targets=targets, **kw)
 
     def _targets_changed(self):
-        if not hasattr(self, "index"):
+        if self.index is None:
             self.index = self.config.prefix.build(self._clock)
 
     def prepared(self, req):

@@ -15,7 +15,7 @@ What is simulated
   ``stats_jitter`` from the seeded RNG, random initial phase) each replica's ``engine.stats()`` is
   measured and delivered to its LB(s) ``stats_lag_s`` + one-way network delay later as a
   :class:`~ray_geolb.policy.availability.ReplicaStats` whose ``timestamp`` is the measurement time.
-* **Load balancers**: each LB is a :class:`~ray_geolb.policy.two_layer.RegionRouter` around a local
+* **Load balancers**: each LB is a :class:`~ray_geolb.policy.region.router.RegionRouter` around a local
   policy built by :func:`~ray_geolb.policy.factory.build_policy`. Each LB has a strict FCFS queue: the
   head is decided (local / forward / hold / reject); on *hold* nothing behind it may overtake. The
   queue is retried whenever something changes at that LB (arrival, stats delivery, completion seen
@@ -66,7 +66,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
-from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
+from ray_geolb.policy.region.config import TwoLayerConfig
+from ray_geolb.policy.region.router import PeerState, RegionRouter
 
 from .deploy import DeploymentSpec
 from .engine import EngineModel, EngineRequest

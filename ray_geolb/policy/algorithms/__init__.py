@@ -28,7 +28,8 @@ Shared bases live beside the factory, not here: ``prefix_policy.py`` (prefix ind
 (TTFT cost), ``ring_policy.py`` (hash ring), and the match helpers in ``matching.py``; an algorithm file
 imports only those, never another algorithm's file.
 
-The region layer (SkyLB's two layers) is in ``policy/two_layer.py``; its pluggable peer selectors
-(``remote="cost"``: GORGO's and GeoPrefix's cost over staying vs. peers) are in ``policy/remote.py``.
+The region layer (SkyLB's two layers) is the ``policy/region/`` package: ``RegionRouter`` and one
+peer selector per ``TwoLayerConfig.remote`` (``remote="cost"``: GORGO's and GeoPrefix's cost over
+staying vs. peers).
 """
 

@@ -16,7 +16,7 @@ For each available replica ``r`` (selective pushing, as GORGO routes locally whe
   length, plus the uncached tokens of requests this LB dispatched since that report.
 
 The region layer (local vs. peers, peer queues left out as in GORGO's code) is the ``cost`` selector
-of :mod:`~ray_geolb.policy.remote` with ``remote_queue=False``.
+of :mod:`~ray_geolb.policy.region.cost_selector` with ``remote_queue=False`` (``GORGO_COST``).
 
 ``gorgo_proxy`` is the same cost over every replica of every region behind one central LB: the
 simulator sets ``policy.rtt_of_target = fn`` where ``fn(target)`` (or ``fn(target, request)``, if
