@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -66,6 +65,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
+from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
 from ray_geolb.policy.region.router import PeerState, RegionRouter
 
@@ -115,17 +115,20 @@ class _Replica:
         self.zero_steps = 0
 
 
+def _prompt_tokens(req: "_Req") -> int:
+    return req.prompt
+
+
 class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "queued_tokens")
+    __slots__ = ("name", "region", "router", "queue", "peers", "policy")
 
     def __init__(self, name, region, router):
         self.name = name
         self.region = region
         self.router: RegionRouter = router
         self.policy = router.local
-        self.queue: deque = deque()
+        self.queue: HoldQueue = HoldQueue(_prompt_tokens)  # FCFS, by request id, with the prompt-token sum
         self.peers: List["_LB"] = []
-        self.queued_tokens = 0  # prompt tokens of the requests in ``queue``
 
 
 class _Run:
@@ -497,8 +500,7 @@ class Simulator:
 
     def _on_lb_arrive(self, lb: _LB, req: _Req):
         req.t_lb = self.now
-        lb.queue.append(req)
-        lb.queued_tokens += req.prompt
+        lb.queue.append(req.rid, req)
         self._pump(lb)
 
     def _pump(self, lb: _LB):
@@ -509,10 +511,11 @@ class Simulator:
         now = self.now
         trace = self.trace
         while q:
-            req = q[0]
-            # FCFS: nothing is queued at this LB *ahead of* the head request (the cost selector's Q_lb
-            # and the slot wait's 'ahead')
-            router.set_queue(0, 0.0)
+            rid, req = q.head()
+            # FCFS: what is queued at this LB *ahead of* the head request -- nothing (the cost
+            # selector's Q_lb and the slot wait's 'ahead')
+            ahead, ahead_tokens = q.ahead(rid)
+            router.set_queue(ahead, float(ahead_tokens))
             d = router.decide(req.rreq, now)
             kind = d.kind
             if kind == "hold":
@@ -522,8 +525,7 @@ class Simulator:
                     req.held = True
                     self.c["lb_holds"] += 1
                 break
-            q.popleft()
-            lb.queued_tokens -= req.prompt
+            q.pop_head()
             req.lb_wait += now - req.t_lb
             if kind == "local":
                 rep = self.replicas[d.target]
@@ -591,7 +593,7 @@ class Simulator:
     def _on_heartbeat(self, lb: _LB, b):
         now = self.now
         self.c["heartbeats"] += 1
-        ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queued_tokens))
+        ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queue.tokens))
         for peer in lb.peers:
             d = self._ow(lb.region, peer.region)
             self._push(now + d, _HB_DELIVER, peer,
