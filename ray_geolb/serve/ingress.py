@@ -134,7 +134,7 @@ class IngressConfig(BaseModel):
     admin_token_env: str = "GEOLB_ADMIN_TOKEN"
     #: 'cost' region layer: the measured wait for a local engine slot in the cost of staying -- the
     #: policy core's ``CostSelectorConfig.stay_slot_wait`` / ``drain_window_s`` / ``drain_min_samples``
-    #: (see ``policy/remote.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
+    #: (see ``policy/region/cost_selector.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
     #: (``GEOPREFIX_COST`` turns it on, ``GORGO_COST`` leaves it off); a value here overrides it
     #: (``stay_slot_wait=False``: the stay cost without the slot wait).
     stay_slot_wait: Optional[bool] = None

@@ -25,7 +25,7 @@ What is simulated
   carrying (available replicas, LB queue length, send time, RTT) and the router's ``extra``
   (queued prompt tokens at the LB, replica count, its learned t_p). Each heartbeat also carries an
   **RTT probe**: the reply returns one RTT later and the sender calls ``RegionRouter.observe_rtt``
-  with the measured sample (the 'cost' selector keeps an EWMA of them).
+  with the measured sample (the router's one RTT estimate, an EWMA the 'cost' selector reads).
 * **Feedback to the policies**: before deciding its head request an LB calls
   ``router.set_queue(0, 0.0)`` (FCFS: nothing is queued ahead of the head); on completion
   the serving LB calls ``policy.on_complete(..., ttft_s=...)`` with the TTFT *as the LB sees it*

@@ -75,7 +75,8 @@ class RegionDecision:
 
 
 class RegionRouter:
-    """One region's load balancer: layer 1 over peer regions, layer 2 = the local ``Policy``."""
+    """One region's load balancer: layer 1 over peer regions, layer 2 = the local layer (a ``Policy``, or
+    anything that implements :class:`~ray_geolb.policy.region.local_layer.LocalLayer`)."""
 
     def __init__(self, config, local: LocalLayer, clock: Callable[[], float] = None):
         if isinstance(config, dict):
