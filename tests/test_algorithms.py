@@ -6,7 +6,7 @@ import pytest
 from pydantic import ValidationError
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy, parse_policy_config, policy_names
-from ray_geolb.policy.config import UnknownPolicyError
+from ray_geolb.policy.factory import UnknownPolicyError
 
 TARGETS = ["r0", "r1", "r2", "r3"]
 

@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from ray_geolb.policy import PeerState, RegionRouter, ReplicaStats, RouteRequest, TwoLayerConfig, build_policy
-from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST, CostSelector, CostSelectorConfig, DrainRate, RttTable
+from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelector, CostSelectorConfig, DrainRate, RttTable
 from ray_geolb.policy.ttft_model import TtftModel, TtftModelConfig, theil_sen
 
 FIXED = {"block_chars": 64, "growth": 0.0}  # fixed 64-char blocks: matches are exact multiples of 64

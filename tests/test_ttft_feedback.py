@@ -12,9 +12,9 @@ import pytest
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
-from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST, CostSelector
+from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelector
 from ray_geolb.policy.ttft_model import POOLED
-from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
+from ray_geolb.policy.region import PeerState, RegionRouter, TwoLayerConfig
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -281,7 +281,7 @@ def test_decide_retries_a_racing_read_then_degrades():
 
 
 def test_local_view_without_router_or_with_skylb():
-    from ray_geolb.policy.remote import CostSelector
+    from ray_geolb.policy.region import CostSelector
 
     ing = _fake_ingress(None, available=1)
     ing._geo_router = lambda: None

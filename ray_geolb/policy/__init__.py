@@ -5,25 +5,20 @@ objects, so a simulated result is a result about the shipped code.
 """
 
 from .availability import LoadTracker, ReplicaStats
-from .base import Decision, Policy, RouteRequest
+from .base import Decision, Policy, RouteRequest, UnknownPolicyError
 from .canonical import PromptFormatError, canonical_text
-from .config import (
-    AvailabilityConfig,
-    PolicyConfig,
-    PrefixIndexConfig,
-    UnknownPolicyError,
-    build_policy,
-    parse_policy_config,
-    policy_names,
-)
+from .config import AvailabilityConfig, PolicyConfig, PrefixIndexConfig
+from .factory import POLICY_CLASSES, build_policy, config_for, parse_policy_config, policy_class, policy_names
 from .hash_ring import HashRing
 from .prefix_index import PrefixIndex
-from .two_layer import PeerState, RegionDecision, RegionRouter, TwoLayerConfig
+from .region.config import TwoLayerConfig
+from .region.router import PeerState, RegionDecision, RegionRouter
 
 __all__ = [
     "AvailabilityConfig",
     "Decision",
     "HashRing",
+    "POLICY_CLASSES",
     "LoadTracker",
     "PeerState",
     "Policy",
@@ -39,6 +34,8 @@ __all__ = [
     "UnknownPolicyError",
     "build_policy",
     "canonical_text",
+    "config_for",
     "parse_policy_config",
+    "policy_class",
     "policy_names",
 ]

@@ -23,17 +23,31 @@ import random
 from itertools import accumulate, compress, islice
 from operator import le
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence
+from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple, Type
 
 from .availability import LoadTracker, ReplicaStats
 from .canonical import canonical_text
+from .config import PolicyConfig
+from .prefix_index import PrefixIndex
 
-__all__ = ["RouteRequest", "Decision", "Policy", "register", "POLICIES", "least_loaded"]
+__all__ = ["RouteRequest", "Decision", "Policy", "UnknownPolicyError", "least_loaded"]
 
 
 @dataclass
 class RouteRequest:
-    """What a policy sees of a request. ``text`` is the canonical prompt text."""
+    """What a policy sees of a request. ``text`` is the canonical prompt text.
+
+    A request also carries two memos from ``choose`` to ``on_dispatch`` (the same object goes through
+    both), each behind a method that says what it holds:
+
+    * :meth:`prepared_for` -- the text hashed into one prefix index's blocks, computed once per
+      index (the local policy's index, the region layer's snapshot);
+    * :meth:`note_pricing` / :meth:`pricing_by` -- what a cost policy priced at choice time (the
+      estimated cached tokens per replica and the replicas priced), read back at dispatch.
+
+    ``driver_data`` is the driver's own: policies never read it; it is handed back to the driver's
+    hooks (the simulator's oracle ``cache_probe`` keeps the prompt's KV block hashes there).
+    """
 
     request_id: str
     text: str
@@ -44,8 +58,10 @@ class RouteRequest:
     allowed_regions: Optional[FrozenSet[str]] = None
     tenant: Optional[str] = None
     hops: int = 0
-    # Per-request caches (hashed text per index geometry, GORGO features...).
-    cache: Dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+    driver_data: Any = field(default=None, repr=False, compare=False)
+    _prepared: Dict[int, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _pricing: Dict[int, Tuple[Dict[Hashable, float], Sequence[Hashable]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -63,6 +79,23 @@ class RouteRequest:
     def from_body(cls, request_id: str, body: Any, **kw) -> "RouteRequest":
         return cls(request_id=request_id, text=canonical_text(body), **kw)
 
+    def prepared_for(self, index) -> Any:
+        """``index.prepare(self.text)``, computed once per index object and kept with the request."""
+        key = id(index)
+        p = self._prepared.get(key)
+        if p is None:
+            p = self._prepared[key] = index.prepare(self.text)
+        return p
+
+    def note_pricing(self, owner: Any, hits: Dict[Hashable, float], priced: Sequence[Hashable]) -> None:
+        """Record what ``owner`` (a cost policy) priced for this request: estimated cached tokens per
+        target and the targets it priced (the last call wins)."""
+        self._pricing[id(owner)] = (hits, priced)
+
+    def pricing_by(self, owner: Any) -> Optional[Tuple[Dict[Hashable, float], Sequence[Hashable]]]:
+        """``(hits, priced)`` as ``owner`` last noted them, or None if it never priced this request."""
+        return self._pricing.get(id(owner))
+
 
 @dataclass
 class Decision:
@@ -71,13 +104,8 @@ class Decision:
     reason: str = ""
 
 
-POLICIES: Dict[str, type] = {}
-
-
-def register(cls):
-    """Class decorator: make a policy buildable by its ``name``."""
-    POLICIES[cls.name] = cls
-    return cls
+class UnknownPolicyError(ValueError):
+    """A policy config names no known policy, or another policy than the class it is given to."""
 
 
 def least_loaded(targets: Sequence[Hashable], tracker: LoadTracker, rng: random.Random) -> Hashable:
@@ -113,13 +141,13 @@ class Policy:
     """Base class: availability + bookkeeping. Subclasses implement ``_pick``."""
 
     name: ClassVar[str] = "base"
+    #: the policy's pydantic config (a :class:`PolicyConfig` whose ``name`` is the literal ``name``)
+    Config: ClassVar[Type[PolicyConfig]]
     #: default availability mode when the config does not say (the paper's choice for this system)
     default_availability: ClassVar[str] = "bp"
 
     def __init__(self, config=None, targets: Iterable[Hashable] = (), cache_probe: Callable = None):
-        from .config import config_for  # local import: config imports the algorithms' configs
-
-        self.config = config_for(self.name, config)
+        self.config = self.parse_config(config)
         av = self.config.availability
         self.tracker = LoadTracker(
             mode=av.mode or self.default_availability,
@@ -136,6 +164,23 @@ class Policy:
         self._target_set: FrozenSet[Hashable] = frozenset()
         self._all_available: Optional[List[Hashable]] = None  # last eligible() over all targets
         self.set_targets(targets)
+
+    @classmethod
+    def parse_config(cls, config=None) -> PolicyConfig:
+        """This policy's config from None (the defaults), a dict of its ``Config`` fields (``name``
+        optional) or a config object; a config naming another policy raises UnknownPolicyError."""
+        if config is None:
+            return cls.Config()
+        if isinstance(config, dict):
+            config = {"name": cls.name, **config}
+            if config["name"] != cls.name:
+                raise UnknownPolicyError(f"policy.name: config is for {config['name']!r}, not {cls.name!r}")
+            return cls.Config.model_validate(config)
+        if not isinstance(config, PolicyConfig):
+            raise TypeError(f"policy config must be a dict or a PolicyConfig, got {type(config).__name__}")
+        if config.name != cls.name:
+            raise UnknownPolicyError(f"policy.name: config is for {config.name!r}, not {cls.name!r}")
+        return config
 
     # ---------------------------------------------------------------- driver API
     def set_targets(self, targets: Iterable[Hashable]) -> None:
@@ -217,3 +262,20 @@ class Policy:
 
     def describe(self) -> dict:
         return {"policy": self.name, "availability": self.tracker.mode}
+
+    # ---------------------------------------------------------------- what the region layer reads
+    # (ray_geolb.policy.region.local_layer.LocalLayer; besides targets, tracker, choose, on_dispatch)
+    #: the prefix index of what this policy sent where (prefix policies); None: it keeps none
+    index: Optional[PrefixIndex] = None
+    #: the mean prompt length (tokens) this policy has seen; None: it does not track it
+    mean_prompt_tokens: Optional[float] = None
+
+    def region_t_p(self) -> Optional[float]:
+        """Seconds per prefill token on these replicas as this policy prices them; None: this policy
+        has no TTFT model (the region layer then uses its own prior)."""
+        return None
+
+    def queued_tokens(self, target: Hashable) -> Optional[float]:
+        """Prefill tokens queued ahead of a new request at ``target``; None: not estimated here (the
+        region layer then uses reported waiting + unseen dispatches at the mean prompt length)."""
+        return None

@@ -1,29 +1,19 @@
-"""Pydantic configuration for every policy, and ``build_policy``.
+"""Pydantic models shared by the policies' configs (no registry: names map to classes in ``factory.py``).
 
-Each algorithm declares ``Config`` (a subclass of :class:`PolicyConfig` whose ``name`` is a literal).
-Invalid values raise a pydantic ``ValidationError`` naming the field (e.g. ``prefix.block_chars``);
-an unknown policy name raises :class:`UnknownPolicyError` listing the known ones.
+Each algorithm declares ``Config`` (a subclass of :class:`PolicyConfig` whose ``name`` is a literal)
+and parses it itself (:meth:`Policy.parse_config <ray_geolb.policy.base.Policy.parse_config>`).
+Invalid values raise a pydantic ``ValidationError`` naming the field (e.g. ``prefix.block_chars``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, Iterable, Literal, Optional
+from typing import Callable, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from .prefix_index import PrefixIndex
 
-__all__ = [
-    "AvailabilityConfig",
-    "PrefixIndexConfig",
-    "PolicyConfig",
-    "UnknownPolicyError",
-    "config_for",
-    "parse_policy_config",
-    "build_policy",
-    "policy_names",
-    "ValidationError",
-]
+__all__ = ["AvailabilityConfig", "PrefixIndexConfig", "PolicyConfig"]
 
 
 class _Strict(BaseModel):
@@ -60,57 +50,3 @@ class PolicyConfig(_Strict):
     name: str
     seed: int = Field(0, description="seed of the policy's tie-breaking random generator")
     availability: AvailabilityConfig = AvailabilityConfig()
-
-
-class UnknownPolicyError(ValueError):
-    pass
-
-
-def _registry() -> Dict[str, type]:
-    from . import algorithms  # noqa: F401  (registers every algorithm)
-    from .base import POLICIES
-
-    return POLICIES
-
-
-def policy_names():
-    return sorted(_registry())
-
-
-def _policy_class(name: Any) -> type:
-    reg = _registry()
-    if not isinstance(name, str) or name not in reg:
-        raise UnknownPolicyError(f"policy.name: unknown policy {name!r}; known policies: {', '.join(sorted(reg))}")
-    return reg[name]
-
-
-def parse_policy_config(spec: Any) -> PolicyConfig:
-    """A config from a name, a dict (with 'name') or a config object."""
-    if isinstance(spec, PolicyConfig):
-        _policy_class(spec.name)
-        return spec
-    if isinstance(spec, str):
-        return _policy_class(spec).Config()
-    if isinstance(spec, dict):
-        if "name" not in spec:
-            raise UnknownPolicyError("policy.name: missing; a policy config needs a 'name'")
-        return _policy_class(spec["name"]).Config.model_validate(spec)
-    raise TypeError(f"policy config must be a name, a dict or a PolicyConfig, got {type(spec).__name__}")
-
-
-def config_for(name: str, cfg: Any) -> PolicyConfig:
-    cls = _policy_class(name)
-    if cfg is None:
-        return cls.Config()
-    if isinstance(cfg, dict):
-        cfg = {"name": name, **cfg}
-    cfg = parse_policy_config(cfg)
-    if cfg.name != name:
-        raise UnknownPolicyError(f"policy.name: config is for {cfg.name!r}, not {name!r}")
-    return cfg
-
-
-def build_policy(spec: Any, targets: Iterable = (), **kw):
-    """Build a policy from a name, a dict or a config: ``build_policy("skylb", targets=[...])``."""
-    cfg = parse_policy_config(spec)
-    return _policy_class(cfg.name)(cfg, targets=targets, **kw)

@@ -78,7 +78,7 @@ class RegionApp:
 def _check_regions(regions: Dict[str, int]) -> Dict[str, int]:
     import re
 
-    from ray_geolb.policy.two_layer import REGION_PATTERN
+    from ray_geolb.policy.region.config import REGION_PATTERN
 
     if not isinstance(regions, dict) or not regions:
         raise ValueError("regions must be a non-empty dict {region: num_replicas}")

@@ -6,7 +6,7 @@ nodes (``label_selector`` on ``ray.io/availability-region``; see ``app.py``). Fo
 1. **Parse** the OpenAI body (``/v1/chat/completions``, ``/v1/completions``; SSE when
    ``stream: true``). Bad JSON, a missing/empty ``messages`` or ``prompt``, a bad ``max_tokens`` or an
    unknown ``allowed_regions`` entry -> HTTP 400 naming the problem; an unknown ``model`` -> 404.
-2. **Decide** with :class:`ray_geolb.policy.two_layer.RegionRouter` (the same policy core and the
+2. **Decide** with :class:`ray_geolb.policy.region.router.RegionRouter` (the same policy core and the
    same :func:`canonical_text` as the simulator): *local* while this region has an available replica
    (read in process from the GeoPrefixRouter of the model deployment -- no actor call; "available"
    until that router exists), else *forward* to the best available peer region's ingress (regional
@@ -39,7 +39,8 @@ an ``Exception``; no ``except Exception`` owns accounting). :meth:`RegionIngress
 reads it all back.
 
 Background tasks (never on the request path): the :class:`RegistryClient` heartbeat/peer-table loop,
-and RTT probes of every peer ingress (EWMA, reported to the registry, read back as ``PeerState.rtt_s``).
+and RTT probes of every peer ingress (``RegionRouter.observe_rtt``: the region layer's one RTT estimate,
+reported to the registry, read back as ``PeerState.rtt_s``).
 """
 
 from __future__ import annotations
@@ -63,8 +64,7 @@ from ray import serve
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy.base import Decision, RouteRequest
 from ray_geolb.policy.canonical import PromptFormatError, canonical_text
-from ray_geolb.policy.remote import CostSelector
-from ray_geolb.policy.two_layer import PeerState, RegionDecision, RegionRouter, TwoLayerConfig
+from ray_geolb.policy.region import CostSelector, PeerState, RegionDecision, RegionRouter, TwoLayerConfig
 from ray_geolb.serve.errors import RouterError
 from ray_geolb.serve.latency import LatencyInjector
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, RegistryClient, peer_states_from_table
@@ -114,6 +114,8 @@ class IngressConfig(BaseModel):
     registry: Optional[RegistryOptions] = RegistryOptions()
     latency: Optional[dict] = None  # LatencyInjector.from_spec; None = default table, scale 1
     rtt_probe_period_s: float = Field(1.0, gt=0)
+    #: EWMA weight of the RTT probes; set, it becomes ``two_layer.cost.rtt_alpha`` (the weight of
+    #: RegionRouter's one RTT estimate) unless ``two_layer.cost`` sets that itself
     rtt_ewma: float = Field(0.3, gt=0, le=1)
     snapshot_period_s: float = Field(1.0, gt=0)
     default_max_tokens: int = Field(16, ge=1)
@@ -132,7 +134,7 @@ class IngressConfig(BaseModel):
     admin_token_env: str = "GEOLB_ADMIN_TOKEN"
     #: 'cost' region layer: the measured wait for a local engine slot in the cost of staying -- the
     #: policy core's ``CostSelectorConfig.stay_slot_wait`` / ``drain_window_s`` / ``drain_min_samples``
-    #: (see ``policy/remote.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
+    #: (see ``policy/region/cost_selector.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
     #: (``GEOPREFIX_COST`` turns it on, ``GORGO_COST`` leaves it off); a value here overrides it
     #: (``stay_slot_wait=False``: the stay cost without the slot wait).
     stay_slot_wait: Optional[bool] = None
@@ -146,9 +148,11 @@ class IngressConfig(BaseModel):
             raise ValueError(f"two_layer.region {tl['region']!r} differs from region {self.region!r}")
         tl["region"] = self.region
         over = {k: getattr(self, k) for k in _SLOT_WAIT_FIELDS if getattr(self, k) is not None}
-        if over:
+        if over or "rtt_ewma" in self.model_fields_set:
             cost = tl.get("cost") or {}
             cost = cost.model_dump() if isinstance(cost, BaseModel) else dict(cost)
+            if "rtt_ewma" in self.model_fields_set:  # the probes' EWMA is now RegionRouter's (observe_rtt)
+                cost.setdefault("rtt_alpha", self.rtt_ewma)
             cost.update(over)
             tl["cost"] = cost
         return TwoLayerConfig.model_validate(tl)
@@ -278,7 +282,8 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
 
 # ---------------------------------------------------------------------------------------------- local view
 class _LocalView:
-    """The local layer a :class:`RegionRouter` sees: the in-process GeoPrefixRouter's policy.
+    """The local layer a :class:`RegionRouter` sees (it implements
+    :class:`~ray_geolb.policy.region.LocalLayer` explicitly): the in-process GeoPrefixRouter's policy.
 
     * ``choose`` -- "is a replica of this region available now?": :meth:`RegionIngressImpl.local_available`
       (the router's SP-P availability, minus requests sent locally that it has not placed yet). The
@@ -286,21 +291,18 @@ class _LocalView:
       the view only says *whether* the policy would place it -- which is what ``policy.choose``
       returning a decision or None means in the simulator's RegionRouter.
     * Everything else the region layer reads -- the ``cost`` selector's stay cost and this region's
-      heartbeat extras: ``targets``, ``tracker.stats/unseen/outstanding``, ``queued_tokens(t)``,
-      ``pooled_t_p()``, ``mean_prompt_tokens``, ``ttft``, ``index``, ``prepared`` -- is the live policy
+      heartbeat extras: ``targets``, ``tracker.stats/unseen/outstanding``, ``index``,
+      ``mean_prompt_tokens``, ``region_t_p()``, ``queued_tokens(t)`` -- delegates to the live policy
       object of the model deployment's GeoPrefixRouter (no copy, no actor call), so the selector
-      prices staying exactly as the simulator's RegionRouter does over its real local policy. An
-      attribute the policy lacks (e.g. ``pooled_t_p`` for SkyLB) is absent here too, and the selector
-      takes its documented fallback. Until the router exists (it is created with the first local
-      request) there are no targets: staying is not priced, and every request is local anyway.
+      prices staying exactly as the simulator's RegionRouter does over its real local policy (a policy
+      without a TTFT model answers None, and the selector takes its documented fallback). Until the
+      router exists (it is created with the first local request) there are no targets: staying is
+      not priced, and every request is local anyway.
 
     The policy lives on the router's event-loop thread; reads here run on the ingress's. They are
     plain attribute/dict reads; a read that races a mutation (a dict resized mid-iteration) raises,
     and :meth:`RegionIngressImpl._decide` retries the decision.
     """
-
-    _DELEGATED = frozenset({"ttft", "pooled_t_p", "t_p", "mean_prompt_tokens", "queued_tokens", "index",
-                            "prepared", "config", "name"})
 
     def __init__(self, ingress: "RegionIngressImpl"):
         self._ing = ingress
@@ -313,17 +315,29 @@ class _LocalView:
         r = self._ing._geo_router()
         return r.policy if r is not None else None
 
+    # ------------------------------------------------------------ LocalLayer
     @property
     def targets(self):
         p = self.policy()
         return p.targets if p is not None else []
 
-    def __getattr__(self, name):
-        if name in _LocalView._DELEGATED:
-            p = self.policy()
-            if p is not None:
-                return getattr(p, name)  # AttributeError if the policy has no such attribute
-        raise AttributeError(name)
+    @property
+    def index(self):
+        p = self.policy()
+        return p.index if p is not None else None
+
+    @property
+    def mean_prompt_tokens(self):
+        p = self.policy()
+        return p.mean_prompt_tokens if p is not None else None
+
+    def region_t_p(self):
+        p = self.policy()
+        return p.region_t_p() if p is not None else None
+
+    def queued_tokens(self, target):
+        p = self.policy()
+        return p.queued_tokens(target) if p is not None else None
 
     def choose(self, req, now, candidates=None):
         n = self._ing.local_available()
@@ -331,6 +345,23 @@ class _LocalView:
 
     def on_dispatch(self, req, target, now):
         pass
+
+    # ------------------------------------------------------------ inspection only (not LocalLayer)
+    # The live policy's TTFT model and pooled fit, where it has them (AttributeError otherwise, as on
+    # the policy itself); the region layer reads region_t_p() instead.
+    @property
+    def ttft(self):
+        return self._live().ttft
+
+    @property
+    def pooled_t_p(self):
+        return self._live().pooled_t_p
+
+    def _live(self):
+        p = self.policy()
+        if p is None:
+            raise AttributeError("no local policy yet (the GeoPrefixRouter is created with the first request)")
+        return p
 
 
 class _TrackerView:
@@ -398,7 +429,6 @@ class RegionIngressImpl:
         self._queue_tokens: Dict[asyncio.Event, int] = {}  # prompt tokens of each waiting request
         self.decisions: Dict[str, int] = {}  # non-local region-layer decisions by kind:reason
         self._local_unrouted: set = set()
-        self._rtt: Dict[str, float] = {}
         self._snapshot_dirty = False
         self._snapshot_version = 0
         self._snapshot_sent_at = 0.0
@@ -537,7 +567,7 @@ class RegionIngressImpl:
     # ------------------------------------------------------------ registry
     def _heartbeat(self) -> dict:
         hb = {"region": self.region, "source": self.source, "available_replicas": self.local_available(),
-              "queue_len": self._lb_queue_len(), "rtts": dict(self._rtt)}
+              "queue_len": self._lb_queue_len(), "rtts": self.router.measured_rtts()}
         extra = self.heartbeat_extra()
         if extra:
             hb["extra"] = extra
@@ -575,7 +605,6 @@ class RegionIngressImpl:
             await asyncio.sleep(0.5)
 
     async def _probe_loop(self) -> None:
-        a = self.cfg.rtt_ewma
         while True:
             for peer in list(self.cfg.peers):
                 try:
@@ -585,12 +614,8 @@ class RegionIngressImpl:
                     await self.latency.hop(self.region, peer)
                     await asyncio.wait_for(self._peer(peer).ping.remote(), 5.0)
                     await self.latency.hop(peer, self.region)
-                    rtt = _now() - t0
-                    old = self._rtt.get(peer)
-                    self._rtt[peer] = rtt if old is None else (1 - a) * old + a * rtt
-                    ps = self.router.peers.get(peer)
-                    if ps is not None:
-                        ps.rtt_s = self._rtt[peer]
+                    # the region layer's one RTT estimate (was: an EWMA here, written into PeerState.rtt_s)
+                    self.router.observe_rtt(peer, _now() - t0)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # noqa: BLE001 - a peer that does not answer simply has no RTT
@@ -727,9 +752,7 @@ class RegionIngressImpl:
                 # The peer ingress is unreachable: mark it unavailable and decide again (never lose it).
                 self.counters["forward_failures"] += 1
                 logger.warning("forward %s -> %s failed (%s); re-deciding", self.region, peer, e)
-                ps = self.router.peers.get(peer)
-                if ps is not None:
-                    ps.available_replicas = 0
+                self.router.mark_unreachable(peer)  # PeerState changes only through RegionRouter
                 excluded.add(peer)
         raise GeoHTTPError(503, f"region {self.region}: forwarding failed to {sorted(excluded)}",
                            type_="forward_failed", retry_after_s=self.cfg.retry_after_s, region=self.region)
@@ -800,11 +823,9 @@ class RegionIngressImpl:
         now = _now()
         self.router.on_forward(rreq, peer, now)
         self._snapshot_dirty = True
-        ps = self.router.peers.get(peer)
-        if ps is not None:
-            # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
-            # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
-            ps.queue_len += 1
+        # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
+        # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
+        self.router.note_forward(peer)
         self.counters["forwarded_out"] += 1
         fmeta = {"hops": rreq.hops + 1, "max_wait_s": max_wait_s, "origin": origin, "allowed_regions": sorted(rreq.allowed_regions)
                  if rreq.allowed_regions is not None else None, "session": session, "stream": stream,
@@ -909,7 +930,7 @@ class RegionIngressImpl:
             "lb_queue_len": self._lb_queue_len(),
             "available_peers": sorted(self.router.available_peers(now)),
             "peers": peers,
-            "measured_rtt_ms": {p: round(v * 1000, 2) for p, v in self._rtt.items()},
+            "measured_rtt_ms": {p: round(v * 1000, 2) for p, v in self.router.measured_rtts().items()},
             "remote": self.router.config.remote,
             "lb_queued_tokens": self._lb_queued_tokens(),
             "heartbeat_extra": self.heartbeat_extra(),

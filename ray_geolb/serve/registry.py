@@ -493,7 +493,7 @@ def peer_states_from_table(table: dict, received_at: float, own_region: str):
     ``timestamp`` = ``received_at - age_s`` on the caller's clock; ``rtt_s`` = what *this* region
     measured to the peer (``rtts[own][peer]``), else the peer's measurement back, else None.
     """
-    from ray_geolb.policy.two_layer import PeerState
+    from ray_geolb.policy.region.router import PeerState
 
     rtts = table.get("rtts", {})
     mine = rtts.get(own_region, {})

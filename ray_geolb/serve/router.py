@@ -70,6 +70,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy, canonical_text
 from ray_geolb.policy.canonical import PromptFormatError
+from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.serve.errors import RouterQueueFull, RouterWaitTimeout
 
 __all__ = ["GeoPrefixRouter", "DEFAULT_POLICY", "extract_prompt_text"]
@@ -133,6 +134,10 @@ class _Entry:
         self.task = None
 
 
+def _entry_tokens(ent: _Entry) -> int:
+    return ent.req.prompt_tokens
+
+
 class GeoPrefixRouter(RequestRouter):
     """Prefix-aware, selective-pushing, region-local request router (see the module docstring)."""
 
@@ -188,7 +193,8 @@ class GeoPrefixRouter(RequestRouter):
         self._local_reps: List[RunningReplica] = []
         self._last_stats: Dict[str, Any] = {}
         self._entries: Dict[str, _Entry] = {}
-        self._held: "OrderedDict[str, _Entry]" = OrderedDict()
+        # held requests, FCFS by internal id, with their prompt-token sum (the region layer's Q_lb)
+        self._held: "HoldQueue[str, _Entry]" = HoldQueue(_entry_tokens)
         self._task_iid: Dict[Any, str] = {}
         self._inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest)
         self._decisions: "OrderedDict[str, dict]" = OrderedDict()
@@ -233,12 +239,14 @@ class GeoPrefixRouter(RequestRouter):
     def queued_tokens(self) -> float:
         """Prompt tokens of the requests waiting in this router: held ones by their size, those Ray
         has not handed to ``choose_replicas`` yet at the policy's mean prompt length (the region
-        layer's ``Q_lb``). Safe to call from another thread (a copy of the held queue is summed)."""
-        held = list(self._held.values())
-        tok = float(sum(e.req.prompt_tokens for e in held))
-        rest = self.queue_len() - len(held)
+        layer's ``Q_lb``). Safe to call from another thread (the held queue's count and token sum
+        are each read whole)."""
+        held = self._held
+        n = len(held)
+        tok = float(held.tokens)
+        rest = self.queue_len() - n
         if rest > 0:
-            mean = getattr(self.policy, "mean_prompt_tokens", None)
+            mean = self.policy.mean_prompt_tokens
             tok += rest * float(mean or self.policy.tracker.request_tokens)
         return tok
 
@@ -370,7 +378,7 @@ class GeoPrefixRouter(RequestRouter):
         held = self._held
         if held:
             self._purge_head()
-            if held and next(iter(held)) != iid:
+            if held and held.head()[0] != iid:
                 self._hold(ent, iid)
                 return []
         d = self.policy.choose(ent.req, now, None)
@@ -425,8 +433,7 @@ class GeoPrefixRouter(RequestRouter):
         return ent
 
     def _hold(self, ent: _Entry, iid: str) -> None:
-        if iid not in self._held:
-            self._held[iid] = ent
+        if self._held.append(iid, ent):
             self.counters["held"] += 1
         if ent.wake is None:
             ent.wake = asyncio.Event()
@@ -438,7 +445,7 @@ class GeoPrefixRouter(RequestRouter):
             self._task_iid[task] = iid
 
     def _unhold(self, iid: str, ent: Optional[_Entry]) -> None:
-        self._held.pop(iid, None)
+        self._held.remove(iid)
         if ent is not None and ent.task is not None:
             self._task_iid.pop(ent.task, None)
             ent.task = None
@@ -446,7 +453,7 @@ class GeoPrefixRouter(RequestRouter):
     def _purge_head(self) -> None:
         held = self._held
         while held:
-            iid, ent = next(iter(held.items()))
+            iid, ent = held.head()
             if not ent.pr.future.done():
                 return
             self._forget(iid)
@@ -455,7 +462,7 @@ class GeoPrefixRouter(RequestRouter):
         self._purge_head()
         if not self._held:
             return
-        ent = next(iter(self._held.values()))
+        ent = self._held.head()[1]
         if ent.wake is None:
             return
         loop = self._loop
@@ -476,7 +483,7 @@ class GeoPrefixRouter(RequestRouter):
     def _forget(self, iid: str) -> None:
         """Drop every trace of a request that will not be routed (failed, cancelled, timed out)."""
         ent = self._entries.pop(iid, None)
-        was_head = bool(self._held) and next(iter(self._held)) == iid
+        was_head = self._held.is_head(iid)
         self._unhold(iid, ent)
         if ent is not None:
             self._unreserve(ent)

@@ -73,7 +73,7 @@ def _parse_counts(parser, flag: str, spec: str):
 
 
 def _build_runs(args, parser) -> List[dict]:
-    from ray_geolb.policy.config import policy_names
+    from ray_geolb.policy.factory import policy_names
 
     from .deploy import SYSTEMS
     from ray_geolb.engine.profiles import PROFILES

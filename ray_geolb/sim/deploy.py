@@ -5,12 +5,12 @@ A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_
 * ``replicas``: ``{region: count}`` (balanced ``us=4,eu=4,asia=4``, unbalanced ``us=3,eu=3,asia=2``...);
 * ``lb_kind``:
     - ``"per-region"``: one load balancer per region that has replicas, each a
-      :class:`~ray_geolb.policy.two_layer.RegionRouter` (SkyLB's two layers, ``max_hops=1``);
+      :class:`~ray_geolb.policy.region.router.RegionRouter` (SkyLB's two layers, ``max_hops=1``);
     - ``"region-local"``: the same LBs with ``max_hops=0`` (never forward; SkyLB Fig. 10 baseline);
     - ``"central"``: ONE load balancer in ``central_region`` whose policy sees every replica of every
       region (SkyLB §5.1 baselines RR/LL/CH/SGL, "a single load balancer in the US").
 * ``policy``: a policy name or config dict for :func:`ray_geolb.policy.build_policy`;
-* ``two_layer``: extra :class:`~ray_geolb.policy.two_layer.TwoLayerConfig` fields (``tau``, ``remote``...);
+* ``two_layer``: extra :class:`~ray_geolb.policy.region.config.TwoLayerConfig` fields (``tau``, ``remote``...);
 * ``profile``: engine profile name (default ``llama3.1-8b-l4``, SkyLB's hardware);
 * ``stats_period_s`` / ``stats_jitter`` / ``stats_lag_s``: replica reports reach their LB(s) every
   period (+-jitter) after the lag (Ray Serve: controller poll + broadcast); ``heartbeat_s``: LB<->LB.
@@ -50,7 +50,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.engine.network import RegionNetwork
 from ray_geolb.engine.profiles import PROFILES
-from ray_geolb.policy.remote import GEOPREFIX_COST, GORGO_COST
+from ray_geolb.policy.region.config import GEOPREFIX_COST, GORGO_COST
 
 __all__ = [
     "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
@@ -285,7 +285,7 @@ def deployment_for(system: Any, replicas: Dict[str, int], *, network: Optional[R
     if isinstance(system, str) and system in SYSTEMS:
         rec = SYSTEMS[system]
     else:
-        from ray_geolb.policy.config import parse_policy_config
+        from ray_geolb.policy.factory import parse_policy_config
 
         try:
             parse_policy_config(system)

@@ -15,8 +15,8 @@ What is simulated
   ``stats_jitter`` from the seeded RNG, random initial phase) each replica's ``engine.stats()`` is
   measured and delivered to its LB(s) ``stats_lag_s`` + one-way network delay later as a
   :class:`~ray_geolb.policy.availability.ReplicaStats` whose ``timestamp`` is the measurement time.
-* **Load balancers**: each LB is a :class:`~ray_geolb.policy.two_layer.RegionRouter` around a local
-  policy built by :func:`~ray_geolb.policy.config.build_policy`. Each LB has a strict FCFS queue: the
+* **Load balancers**: each LB is a :class:`~ray_geolb.policy.region.router.RegionRouter` around a local
+  policy built by :func:`~ray_geolb.policy.factory.build_policy`. Each LB has a strict FCFS queue: the
   head is decided (local / forward / hold / reject); on *hold* nothing behind it may overtake. The
   queue is retried whenever something changes at that LB (arrival, stats delivery, completion seen
   by the LB, heartbeat received). A central LB is a RegionRouter with ``max_hops=0`` whose local
@@ -25,7 +25,7 @@ What is simulated
   carrying (available replicas, LB queue length, send time, RTT) and the router's ``extra``
   (queued prompt tokens at the LB, replica count, its learned t_p). Each heartbeat also carries an
   **RTT probe**: the reply returns one RTT later and the sender calls ``RegionRouter.observe_rtt``
-  with the measured sample (the 'cost' selector keeps an EWMA of them).
+  with the measured sample (the router's one RTT estimate, an EWMA the 'cost' selector reads).
 * **Feedback to the policies**: before deciding its head request an LB calls
   ``router.set_queue(0, 0.0)`` (FCFS: nothing is queued ahead of the head); on completion
   the serving LB calls ``policy.on_complete(..., ttft_s=...)`` with the TTFT *as the LB sees it*
@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections import deque
 from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
@@ -67,9 +66,11 @@ from ray_geolb.engine.engine import EngineModel, EngineRequest
 from ray_geolb.engine.profiles import get_profile
 from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy.availability import ReplicaStats
-from ray_geolb.policy.base import POLICIES, RouteRequest
-from ray_geolb.policy.config import parse_policy_config
-from ray_geolb.policy.two_layer import PeerState, RegionRouter, TwoLayerConfig
+from ray_geolb.policy.base import RouteRequest
+from ray_geolb.policy.factory import parse_policy_config, policy_class
+from ray_geolb.policy.hold_queue import HoldQueue
+from ray_geolb.policy.region.config import TwoLayerConfig
+from ray_geolb.policy.region.router import PeerState, RegionRouter
 
 from .deploy import DeploymentSpec
 
@@ -80,7 +81,6 @@ _LB_ARRIVE, _REP_ARRIVE, _STEP_END, _STEP_WAKE, _LB_DONE, _CLIENT_DONE = 0, 1, 2
 _STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _HB_DELIVER, _PROG_START, _OPEN_ARRIVAL, _SAMPLE, _PING_REPLY = (
     6, 7, 8, 9, 10, 11, 12, 13)
 
-_BLOCKS_KEY = ("sim", "blocks")
 _BLOCK_CACHE_MAX = 4096
 
 
@@ -115,17 +115,20 @@ class _Replica:
         self.zero_steps = 0
 
 
+def _prompt_tokens(req: "_Req") -> int:
+    return req.prompt
+
+
 class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "queued_tokens")
+    __slots__ = ("name", "region", "router", "queue", "peers", "policy")
 
     def __init__(self, name, region, router):
         self.name = name
         self.region = region
         self.router: RegionRouter = router
         self.policy = router.local
-        self.queue: deque = deque()
+        self.queue: HoldQueue = HoldQueue(_prompt_tokens)  # FCFS, by request id, with the prompt-token sum
         self.peers: List["_LB"] = []
-        self.queued_tokens = 0  # prompt tokens of the requests in ``queue``
 
 
 class _Run:
@@ -222,7 +225,7 @@ class Simulator:
         cfg = parse_policy_config(spec)
         if isinstance(spec, str) or (isinstance(spec, dict) and "seed" not in spec):
             cfg = cfg.model_copy(update={"seed": self.cfg.seed})
-        cls = POLICIES[cfg.name]
+        cls = policy_class(cfg.name)
         kw: Dict[str, Any] = {"cache_probe": self._cache_probe}
         if "clock" in inspect.signature(cls.__init__).parameters:
             kw["clock"] = self._clock
@@ -232,7 +235,8 @@ class Simulator:
         return self.now
 
     def _cache_probe(self, target, req: RouteRequest) -> int:
-        return self.replicas[target].engine.cached_prefix_tokens(req.cache.get(_BLOCKS_KEY, ()))
+        blocks = req.driver_data  # the prompt's KV block hashes (set in _send)
+        return self.replicas[target].engine.cached_prefix_tokens(blocks if blocks is not None else ())
 
     def _build(self) -> None:
         dep = self.dep
@@ -464,8 +468,7 @@ class Simulator:
             self._call_done(run, ci)
             return
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
-                            region=region, tenant=call.tenant)
-        rreq.cache[_BLOCKS_KEY] = hashes
+                            region=region, tenant=call.tenant, driver_data=hashes)
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now)
         self._inflight += 1
         lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
@@ -497,8 +500,7 @@ class Simulator:
 
     def _on_lb_arrive(self, lb: _LB, req: _Req):
         req.t_lb = self.now
-        lb.queue.append(req)
-        lb.queued_tokens += req.prompt
+        lb.queue.append(req.rid, req)
         self._pump(lb)
 
     def _pump(self, lb: _LB):
@@ -509,10 +511,11 @@ class Simulator:
         now = self.now
         trace = self.trace
         while q:
-            req = q[0]
-            # FCFS: nothing is queued at this LB *ahead of* the head request (the cost selector's Q_lb
-            # and the slot wait's 'ahead')
-            router.set_queue(0, 0.0)
+            rid, req = q.head()
+            # FCFS: what is queued at this LB *ahead of* the head request -- nothing (the cost
+            # selector's Q_lb and the slot wait's 'ahead')
+            ahead, ahead_tokens = q.ahead(rid)
+            router.set_queue(ahead, float(ahead_tokens))
             d = router.decide(req.rreq, now)
             kind = d.kind
             if kind == "hold":
@@ -522,8 +525,7 @@ class Simulator:
                     req.held = True
                     self.c["lb_holds"] += 1
                 break
-            q.popleft()
-            lb.queued_tokens -= req.prompt
+            q.pop_head()
             req.lb_wait += now - req.t_lb
             if kind == "local":
                 rep = self.replicas[d.target]
@@ -591,7 +593,7 @@ class Simulator:
     def _on_heartbeat(self, lb: _LB, b):
         now = self.now
         self.c["heartbeats"] += 1
-        ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queued_tokens))
+        ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queue.tokens))
         for peer in lb.peers:
             d = self._ow(lb.region, peer.region)
             self._push(now + d, _HB_DELIVER, peer,

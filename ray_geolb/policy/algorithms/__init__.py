@@ -1,4 +1,5 @@
-"""One short file per routing algorithm. Importing this package registers them all.
+"""One short file per routing algorithm; ``policy/factory.py`` lists them all by name (importing this
+package imports none of them).
 
 Single-region (layer-2) policies — each picks a replica among the eligible ones:
 
@@ -23,22 +24,12 @@ flowkv                 FlowKV load-aware: windowed load score, normal/imbalanced
 geoprefix              GeoPrefix (ours): TTFT cost, min match, aged matches             SP-P
 =====================  ===============================================================  =========
 
-The region layer (SkyLB's two layers) is in ``policy/two_layer.py``; its pluggable peer selectors
-(``remote="cost"``: GORGO's and GeoPrefix's cost over staying vs. peers) are in ``policy/remote.py``.
+Shared bases live beside the factory, not here: ``prefix_policy.py`` (prefix index), ``cost_policy.py``
+(TTFT cost), ``ring_policy.py`` (hash ring), and the match helpers in ``matching.py``; an algorithm file
+imports only those, never another algorithm's file.
+
+The region layer (SkyLB's two layers) is the ``policy/region/`` package: ``RegionRouter`` and one
+peer selector per ``TwoLayerConfig.remote`` (``remote="cost"``: GORGO's and GeoPrefix's cost over
+staying vs. peers).
 """
 
-from . import (  # noqa: F401
-    balanceroute,
-    consistent_hash,
-    flowkv,
-    geoprefix,
-    gorgo,
-    least_load,
-    oracle,
-    power_of_two,
-    ray_prefix,
-    round_robin,
-    sglang,
-    skylb,
-    skylb_ch,
-)

@@ -33,7 +33,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import Decision, Policy, register
+from ..base import Decision, Policy
 from ..config import PolicyConfig
 from ..ttft_model import WorkItem, WorkTracker
 
@@ -89,7 +89,6 @@ class _DPPolicy(Policy):
         return best
 
 
-@register
 class VllmDefault(_DPPolicy):
     name = "vllm_default"
 
@@ -106,7 +105,6 @@ class VllmDefault(_DPPolicy):
         return Decision(self._min(eligible, self.score), reason="vllm_default")
 
 
-@register
 class JsqLoad(_DPPolicy):
     name = "jsq_load"
 
@@ -118,7 +116,6 @@ class JsqLoad(_DPPolicy):
         return Decision(self._min(eligible, lambda t: (self.kv_load(t), out(t))), reason="jsq_load")
 
 
-@register
 class BR0(_DPPolicy):
     name = "br0"
 

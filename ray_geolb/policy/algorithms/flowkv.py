@@ -39,13 +39,12 @@ from typing import Deque, Dict, Hashable, Literal, Tuple
 
 from pydantic import Field, model_validator
 
-from ..base import Decision, register
-from .gorgo import CostConfig, CostPolicy
+from ..base import Decision
+from ..cost_policy import CostConfig, CostPolicy
 
 __all__ = ["FlowKV"]
 
 
-@register
 class FlowKV(CostPolicy):
     name = "flowkv"
     default_availability = "bp"

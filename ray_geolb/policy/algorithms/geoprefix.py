@@ -47,7 +47,7 @@ queued tokens and replica count from its heartbeat, forwards sent since the hear
 inflation, RTT EWMA and the snapshot match, and, in the cost of staying when no local replica is
 available, the wait for a local engine slot (``stay_slot_wait``: ``q̂·(ahead+1)/drain_rate``, the
 measured local completion rate; the simulator and the Serve ingress feed it alike through
-``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.remote`). Measured
+``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.region.cost_selector`). Measured
 (``benchmarks/compare_policies.py``): the slot wait changes only network-hard among the simulated
 scenarios, and slightly for the worse (seeds 0-7: P99 TTFT 5.47 -> 5.82 s, GeoPrefix/SkyLB throughput
 1.036 -> 1.031); it is kept because in Ray Serve, without it, a saturated region held bursts (429s)
@@ -61,13 +61,12 @@ from typing import Literal, Optional
 
 from pydantic import Field
 
-from ..base import register
-from .gorgo import CostConfig, CostPolicy
+from ..cost_policy import CostConfig, CostPolicy
+from ..region.config import GEOPREFIX_COST
 
 __all__ = ["GeoPrefix", "geoprefix_two_layer"]
 
 
-@register
 class GeoPrefix(CostPolicy):
     name = "geoprefix"
     default_availability = "sp-p"
@@ -84,8 +83,6 @@ class GeoPrefix(CostPolicy):
 
 def geoprefix_two_layer(region: str, **over) -> dict:
     """The ``TwoLayerConfig`` fields GeoPrefix uses: ``remote="cost"`` with the remote queue."""
-    from ..remote import GEOPREFIX_COST
-
     cfg = {"region": region, "remote": "cost", "cost": dict(GEOPREFIX_COST)}
     cfg.update(over)
     return cfg

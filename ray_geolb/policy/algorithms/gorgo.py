@@ -16,7 +16,7 @@ For each available replica ``r`` (selective pushing, as GORGO routes locally whe
   length, plus the uncached tokens of requests this LB dispatched since that report.
 
 The region layer (local vs. peers, peer queues left out as in GORGO's code) is the ``cost`` selector
-of :mod:`~ray_geolb.policy.remote` with ``remote_queue=False``.
+of :mod:`~ray_geolb.policy.region.cost_selector` with ``remote_queue=False`` (``GORGO_COST``).
 
 ``gorgo_proxy`` is the same cost over every replica of every region behind one central LB: the
 simulator sets ``policy.rtt_of_target = fn`` where ``fn(target)`` (or ``fn(target, request)``, if
@@ -25,222 +25,13 @@ it takes two arguments, for the client's region) returns the RTT in seconds to t
 
 from __future__ import annotations
 
-import heapq
-import inspect
-import math
-from typing import Callable, Dict, Hashable, List, Literal, Optional
+from typing import Literal
 
-from pydantic import Field
+from ..cost_policy import CostConfig, CostPolicy
 
-from ..base import Decision, register
-from ..config import PolicyConfig, PrefixIndexConfig
-from ..remote import discounted_hits
-from ..ttft_model import TtftModel, TtftModelConfig, WorkItem, WorkTracker
-from .skylb import PrefixPolicy
-
-__all__ = ["CostPolicy", "CostConfig", "Gorgo", "GorgoProxy"]
+__all__ = ["Gorgo", "GorgoProxy"]
 
 
-class CostConfig(PolicyConfig):
-    """Fields shared by the TTFT-cost policies."""
-
-    prefix: PrefixIndexConfig = PrefixIndexConfig()
-    ttft: TtftModelConfig = TtftModelConfig()
-    chars_per_token: float = Field(4.0, gt=0.0, description="characters of canonical text per token (L_hit estimate)")
-    w_rtt: float = Field(1.0, ge=0.0, description="weight of the network RTT term")
-    w_prefill: float = Field(1.0, ge=0.0, description="weight of the residual-prefill term")
-    q_hat: float = Field(1.0, ge=0.0, description="weight of the queue-wait term (GORGO's q̂)")
-    min_match_chars: int = Field(0, ge=0, description="matches shorter than this count as no match")
-    match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: no discount)")
-    default_prompt_tokens: int = Field(512, ge=1, description="mean prompt length assumed before any request is seen")
-    tp_scope: Literal["target", "pooled"] = Field(
-        "target", description="t_p per replica ('target', GORGO: each server's own rate) or one pooled fit over "
-                              "this LB's replicas ('pooled')")
-    w_shared: float = Field(
-        0.0, ge=0.0, description="weight of the residual prefill's cost to the requests already in flight at "
-                                 "the replica (each of its batch steps slows by t_p per prefill token): "
-                                 "w_shared · t_p · (L − L_hit) · outstanding(r); 0 = GORGO (own TTFT only)")
-    exact_upto: int = Field(32, ge=1, description="price every eligible replica up to this many; beyond, only the matched ones and the `sample_unmatched` least loaded")
-    sample_unmatched: int = Field(8, ge=1, description="unmatched replicas priced when more than `exact_upto` are eligible")
-    tp_floor: Literal["none", "prior"] = Field(
-        "none", description="lower bound on the fitted t_p: 'none' (the fit as is) or 'prior' (never below "
-                            "ttft.prior_tp_s: a fit dominated by queueing can clamp to 0, which erases the "
-                            "residual-prefill term and with it all prefix affinity)")
-
-
-class CostPolicy(PrefixPolicy):
-    """Prefix index + online TTFT model + per-target work accounting; ``_cost`` is the subclass's."""
-
-    default_availability = "sp-p"
-
-    def __init__(self, config=None, targets=(), clock=None, rtt_of_target: Callable = None, **kw):
-        super().__init__(config, targets=targets, clock=clock, **kw)
-        self.ttft = TtftModel(self.config.ttft)
-        self.work = WorkTracker()
-        self._mean_prompt = float(self.config.default_prompt_tokens)
-        self._reason = f"{self.name}_cost"
-        self._seen_prompts = 0
-        self._rtt_fn = None
-        self._rtt_two = False
-        self.rtt_of_target = rtt_of_target
-
-    # ------------------------------------------------------------ hooks the driver sets
-    @property
-    def rtt_of_target(self):
-        return self._rtt_fn
-
-    @rtt_of_target.setter
-    def rtt_of_target(self, fn):
-        if fn is not None and not callable(fn):
-            raise TypeError("rtt_of_target must be a callable target -> seconds (or (target, request) -> seconds)")
-        self._rtt_fn = fn
-        self._rtt_two = False
-        if fn is not None:
-            try:
-                params = [p for p in inspect.signature(fn).parameters.values()
-                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-                self._rtt_two = len(params) >= 2
-            except (TypeError, ValueError):
-                self._rtt_two = False
-
-    def rtt(self, target: Hashable, req) -> float:
-        fn = self._rtt_fn
-        if fn is None:
-            return 0.0
-        v = fn(target, req) if self._rtt_two else fn(target)
-        v = float(v)
-        if not v >= 0.0:
-            raise ValueError(f"rtt_of_target({target!r}) returned {v!r}; RTT must be a number >= 0")
-        return v
-
-    # ------------------------------------------------------------ estimates
-    @property
-    def mean_prompt_tokens(self) -> float:
-        return self._mean_prompt
-
-    def _hits(self, req, targets, now: float) -> Dict[Hashable, float]:
-        """Estimated cached tokens per target (match length, min-length and age rules applied)."""
-        cfg = self.config
-        p = self.prepared(req)
-        times = {}
-        return discounted_hits(self.index.match(p, self.available_view(targets), times), req.prompt_tokens, cfg.chars_per_token,
-                               cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now, times)
-
-    def queued_tokens(self, target: Hashable) -> float:
-        """Prefill tokens ahead of a new request at ``target``: reported waiting + unseen dispatches."""
-        s = self.tracker.stats(target)
-        if s is None:
-            return 0.0 + self.work.unseen_uncached(target, None)
-        return s.num_waiting * self._mean_prompt + self.work.unseen_uncached(target, s.timestamp)
-
-    def _floor(self, tp: float) -> float:
-        return max(tp, self.config.ttft.prior_tp_s) if self.config.tp_floor == "prior" else tp
-
-    def pooled_t_p(self) -> float:
-        """Seconds per prefill token over this LB's replicas (the pooled fit, ``tp_floor`` applied)."""
-        return self._floor(self.ttft.t_p())
-
-    def t_p(self, target: Hashable) -> float:
-        """Seconds per prefill token at ``target`` (its own fit, or the pooled one; see ``tp_scope``)."""
-        return self.pooled_t_p() if self.config.tp_scope == "pooled" else self._floor(self.ttft.t_p(target))
-
-    def costs(self, req, eligible, now: float) -> Dict[Hashable, float]:
-        """Estimated cost per candidate. Up to ``exact_upto`` eligible replicas every one is priced;
-        beyond that (a large fleet behind one LB), the replicas with a prefix match plus the
-        ``sample_unmatched`` least-loaded others -- an unmatched replica's cost only grows with its
-        load, so the cheapest unmatched one is almost always among the least loaded (exact when the
-        RTT term is the same for all)."""
-        cfg = self.config
-        hits = self._hits(req, eligible, now)
-        req.cache[("hits", id(self))] = hits
-        cands = eligible
-        outstanding = self.tracker.outstanding
-        if len(eligible) > cfg.exact_upto:
-            rest = [t for t in eligible if t not in hits]
-            if len(rest) > cfg.sample_unmatched:
-                rest = heapq.nsmallest(cfg.sample_unmatched, rest, key=outstanding)
-            cands = [t for t in eligible if t in hits] + rest
-        req.cache[("priced", id(self))] = cands
-        L = req.prompt_tokens
-        pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
-        rtt = self.rtt if self._rtt_fn is not None else None
-        w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
-        queued_tokens = self.queued_tokens
-        out_of = self.tracker._out  # outstanding(t), inlined
-        qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
-        out = {}
-        for t in cands:
-            if qt_pooled is not None:
-                tp, qt = pooled_tp, qt_pooled
-            else:
-                tp = self.t_p(t)
-                qt = q_hat * tp
-            residual = tp * max(0.0, L - hits.get(t, 0.0))
-            c = w_prefill * residual + qt * queued_tokens(t)  # qt = q_hat * tp
-            if w_shared:
-                c += w_shared * residual * out_of.get(t, 0)
-            if rtt is not None:
-                c += w_rtt * rtt(t, req)
-            out[t] = c
-        return out
-
-    def _argmin(self, costs: Dict[Hashable, float]) -> Hashable:
-        best = min(costs.values())
-        tol = 1e-9 * max(1.0, abs(best)) if math.isfinite(best) else 0.0
-        ties = [t for t, c in costs.items() if c <= best + tol]
-        if len(ties) == 1:
-            return ties[0]
-        out = self.tracker.outstanding
-        lo = min(out(t) for t in ties)
-        ties = [t for t in ties if out(t) == lo]
-        return ties[0] if len(ties) == 1 else self.rng.choice(ties)
-
-    def _pick(self, req, eligible, now):
-        costs = self.costs(req, eligible, now)
-        t = self._argmin(costs)
-        hits = req.cache[("hits", id(self))]
-        matched = int(round(hits.get(t, 0.0) * self.config.chars_per_token)) if t in hits else 0
-        return Decision(t, matched, self._reason)
-
-    # ------------------------------------------------------------ events
-    def _record(self, req, target, now):
-        hits = req.cache.get(("hits", id(self)))
-        if hits is None or (target not in hits and target not in req.cache.get(("priced", id(self)), ())):
-            hits = self._hits(req, [target], now)  # not priced at choice time (e.g. Ray picked another replica)
-        uncached = max(0.0, req.prompt_tokens - hits.get(target, 0.0))
-        super()._record(req, target, now)
-        self.work.add(WorkItem(req.request_id, target, now, req.prompt_tokens, uncached,
-                               req.output_tokens_hint))
-        self._seen_prompts += 1
-        n = min(self._seen_prompts, 256)  # running mean, then an EWMA over ~256 requests
-        self._mean_prompt += (req.prompt_tokens - self._mean_prompt) / n
-
-    def on_complete(self, request_id, target=None, now=0.0, ttft_s=None, ok=True, req=None):
-        item = self.work.pop(request_id)
-        if item is not None and ok and ttft_s is not None:
-            self.ttft.observe(item.target, item.uncached_tokens, ttft_s)
-        super().on_complete(request_id, target, now, ttft_s=ttft_s, ok=ok, req=req)
-
-    def observe_ttft(self, target, uncached_tokens, ttft_s):
-        """A replica-measured sample (``uncached_tokens``: what the engine really prefilled) for the
-        online t_p regression; the same model ``on_complete(..., ttft_s=)`` feeds in the simulator."""
-        if target in self._target_set:
-            self.ttft.observe(target, uncached_tokens, ttft_s)
-
-    def _forget(self, target):
-        super()._forget(target)
-        if hasattr(self, "work"):
-            self.work.remove_target(target)
-            self.ttft.forget(target)
-
-    def describe(self) -> dict:
-        d = super().describe()
-        b, s, src = self.ttft.line()
-        d.update(base_s=b, t_p_s=s, t_p_source=src, mean_prompt_tokens=self._mean_prompt)
-        return d
-
-
-@register
 class Gorgo(CostPolicy):
     name = "gorgo"
 
@@ -248,7 +39,6 @@ class Gorgo(CostPolicy):
         name: Literal["gorgo"] = "gorgo"
 
 
-@register
 class GorgoProxy(CostPolicy):
     name = "gorgo_proxy"
 

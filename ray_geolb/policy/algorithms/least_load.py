@@ -2,11 +2,10 @@
 
 from typing import Literal
 
-from ..base import Decision, Policy, least_loaded, register
+from ..base import Decision, Policy, least_loaded
 from ..config import PolicyConfig
 
 
-@register
 class LeastLoad(Policy):
     name = "least_load"
 

@@ -7,11 +7,10 @@ misses go to the least loaded. Selective pushing by pending requests by default.
 
 from typing import Literal
 
-from ..base import Decision, Policy, least_loaded, register
+from ..base import Decision, Policy, least_loaded
 from ..config import PolicyConfig
 
 
-@register
 class Oracle(Policy):
     name = "oracle"
     default_availability = "sp-p"

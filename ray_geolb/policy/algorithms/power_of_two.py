@@ -6,11 +6,10 @@ deployment with ``max_ongoing_requests=1e9`` is the same number).
 
 from typing import Literal
 
-from ..base import Decision, Policy, register
+from ..base import Decision, Policy
 from ..config import PolicyConfig
 
 
-@register
 class PowerOfTwo(Policy):
     name = "power_of_two"
 

@@ -12,12 +12,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import Decision, register
+from ..base import Decision
 from ..config import PolicyConfig, PrefixIndexConfig
-from .skylb import PrefixPolicy
+from ..prefix_policy import PrefixPolicy
 
 
-@register
 class RayPrefixAffinity(PrefixPolicy):
     name = "ray_prefix"
     default_availability = "bp"

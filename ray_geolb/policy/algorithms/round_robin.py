@@ -2,11 +2,10 @@
 
 from typing import Literal
 
-from ..base import Decision, Policy, register
+from ..base import Decision, Policy
 from ..config import PolicyConfig
 
 
-@register
 class RoundRobin(Policy):
     name = "round_robin"
 

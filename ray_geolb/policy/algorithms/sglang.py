@@ -13,12 +13,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import Decision, least_loaded, register
+from ..base import Decision, least_loaded
 from ..config import PolicyConfig, PrefixIndexConfig
-from .skylb import PrefixPolicy
+from ..prefix_policy import PrefixPolicy
 
 
-@register
 class SGLangCacheAware(PrefixPolicy):
     name = "sglang"
     default_availability = "bp"

@@ -10,36 +10,11 @@ from typing import Literal
 
 from pydantic import Field
 
-from ..base import Decision, Policy, least_loaded, register
+from ..base import Decision, least_loaded
 from ..config import PolicyConfig, PrefixIndexConfig
+from ..prefix_policy import PrefixPolicy
 
 
-class PrefixPolicy(Policy):
-    """Base for policies that keep an approximate prefix index over their targets."""
-
-    def __init__(self, config=None, targets=(), clock=None, **kw):
-        self._clock = clock
-        super().__init__(config, targets=targets, **kw)
-
-    def _targets_changed(self):
-        if not hasattr(self, "index"):
-            self.index = self.config.prefix.build(self._clock)
-
-    def prepared(self, req):
-        key = ("prefix", id(self.index))
-        p = req.cache.get(key)
-        if p is None:
-            p = req.cache[key] = self.index.prepare(req.text)
-        return p
-
-    def _record(self, req, target, now):
-        self.index.insert(self.prepared(req), target, now)
-
-    def _forget(self, target):
-        self.index.remove_target(target)
-
-
-@register
 class SkyLB(PrefixPolicy):
     name = "skylb"
     default_availability = "sp-p"

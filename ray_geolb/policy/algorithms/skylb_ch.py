@@ -3,14 +3,12 @@ the ring past replicas that are not available under selective pushing by pending
 
 from typing import Literal
 
-from ..base import register
-from .consistent_hash import ConsistentHash
+from ..ring_policy import RingConfig, RingPolicy
 
 
-@register
-class SkyLBCH(ConsistentHash):
+class SkyLBCH(RingPolicy):
     name = "skylb_ch"
     default_availability = "sp-p"
 
-    class Config(ConsistentHash.Config):
+    class Config(RingConfig):
         name: Literal["skylb_ch"] = "skylb_ch"

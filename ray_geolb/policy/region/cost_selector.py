@@ -1,20 +1,22 @@
-"""Pluggable peer-region selectors for :class:`~ray_geolb.policy.two_layer.RegionRouter`.
+"""``remote="cost"``: the TTFT-cost peer selector of GORGO and GeoPrefix (:class:`CostSelector`).
 
-``TwoLayerConfig.remote`` = ``"prefix"`` / ``"ring"`` / ``"nearest"`` are SkyLB's choices (in
-``two_layer.py``); ``"cost"`` delegates to :class:`CostSelector` here, configured by
-``TwoLayerConfig.cost`` (:class:`CostSelectorConfig`). The selector runs only when the local layer
+``TwoLayerConfig.remote`` = ``"prefix"`` / ``"ring"`` / ``"nearest"`` are SkyLB's choices (their own
+files here); ``"cost"`` is this selector, configured by ``TwoLayerConfig.cost``
+(:class:`~ray_geolb.policy.region.config.CostSelectorConfig`). The selector runs only when the local layer
 found no available replica (selective pushing) and compares, per request, an estimated TTFT of
 
 * **staying** (holding the request in this LB's queue) —
   ``w_prefill·t_p·(L − L_hit_local) + q̂·t_p·(Q_lb + Σ_r Q_r) / n_replicas`` with ``Q_lb`` the tokens
   queued at this LB (``RegionRouter.set_queue`` / ``heartbeat(queued_tokens=)``) and ``Q_r`` each
-  local replica's queued tokens (reported waiting + dispatches the report has not seen);
+  local replica's queued tokens (``LocalLayer.queued_tokens``, else reported waiting + dispatches the
+  report has not seen, at the mean prompt length);
 * **forwarding** to each available peer ``p`` (fresh heartbeat, ≥ 1 available replica, LB queue ≤ τ) —
   ``w_rtt·RTT(p) + w_prefill·t_p(p)·(L − L_hit(p)) [+ q̂·W(p)]``.
 
 ``L_hit`` is the regional snapshot's match (what this LB already forwarded there) in tokens at
-``chars_per_token``; ``RTT(p)`` is an EWMA of real probe samples (:meth:`CostSelector.observe_rtt`),
-else the heartbeat's RTT, else ``unknown_rtt_s``; ``t_p(p)`` is the t_p the peer advertises in its
+``chars_per_token``; ``RTT(p)`` is the router's EWMA of real probe samples
+(:meth:`RegionRouter.measured_rtt`, fed by ``RegionRouter.observe_rtt``), else the heartbeat's RTT,
+else ``unknown_rtt_s``; ``t_p(p)`` is the t_p the peer advertises in its
 heartbeat (``extra["t_p_s"]``), else this region's online estimate. The lowest cost wins; if staying
 is cheapest the request is held (GORGO: "the request can optionally stay in the local region
 depending on the queue-size estimate").
@@ -53,7 +55,7 @@ refused with 429 past the ingress's ``max_queue``) while both peers were idle. W
 
 with ``drain_rate`` the measured rate at which this LB's local requests finish (:class:`DrainRate`:
 completions per second over ``drain_window_s``, fed by :meth:`RegionRouter.on_local_complete
-<ray_geolb.policy.two_layer.RegionRouter.on_local_complete>`; while saturated, the rate at which
+<ray_geolb.policy.region.router.RegionRouter.on_local_complete>`; while saturated, the rate at which
 slots free) and ``ahead`` the requests waiting before this one at this LB (``RegionRouter.set_queue``'s
 ``queue_len``). While the rate is unknown (fewer than ``drain_min_samples`` completions in the
 window) there is no term. ``GEOPREFIX_COST`` sets it; ``GORGO_COST`` does not (GORGO has no such
@@ -67,166 +69,30 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Deque, Dict, Hashable, List, Optional, Tuple
+from typing import Deque, Dict, List, Optional, Tuple
 
-from pydantic import Field
+from ..matching import discounted_hits
+from ..ttft_model import TtftModel
+from .config import CostSelectorConfig
+from .estimators import DrainRate, RttTable
+from .peer_selector import PeerSelector, Selection
 
-from .config import _Strict
-from .ttft_model import TtftModel, TtftModelConfig
-
-__all__ = ["CostSelectorConfig", "CostSelector", "DrainRate", "RttTable", "match_age", "GORGO_COST", "GEOPREFIX_COST"]
-
-
-class CostSelectorConfig(_Strict):
-    remote_queue: bool = Field(True, description="count the peer's queue (GeoPrefix); False = GORGO")
-    w_rtt: float = Field(1.0, ge=0.0)
-    w_prefill: float = Field(1.0, ge=0.0)
-    q_hat: float = Field(1.0, ge=0.0, description="weight of queue-wait terms (GORGO's q̂)")
-    chars_per_token: float = Field(4.0, gt=0.0)
-    min_match_chars: int = Field(0, ge=0, description="snapshot/local matches shorter than this are ignored")
-    match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: off)")
-    staleness_scale_s: Optional[float] = Field(None, gt=0.0, description="inflate a peer queue by (1 + age/scale) (None: off)")
-    rtt_alpha: float = Field(0.3, gt=0.0, le=1.0, description="EWMA weight of a new RTT probe sample")
-    unknown_rtt_s: float = Field(0.25, ge=0.0, description="RTT assumed for a peer never measured")
-    stay_local: bool = Field(True, description="hold locally when staying is estimated cheaper than any forward")
-    w_shared: float = Field(0.0, ge=0.0, description="price the residual prefill's slowdown of the requests in "
-                                                     "flight per replica there (peer: heartbeat 'inflight'); 0 = off")
-    stay_slot_wait: bool = Field(False, description="add q̂·(ahead+1)/drain_rate to staying when no local replica "
-                                                    "is available (the wait for a local engine slot)")
-    drain_window_s: float = Field(10.0, gt=0.0, allow_inf_nan=False,
-                                  description="window of the local drain-rate estimate (stay_slot_wait)")
-    drain_min_samples: int = Field(4, ge=2, description="completions in the window the drain rate needs (else unknown)")
-    ttft: TtftModelConfig = TtftModelConfig()
+__all__ = ["CostSelector"]
 
 
-GORGO_COST = {"remote_queue": False}
-GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
-                  "w_shared": 1.0, "stay_slot_wait": True}
+class CostSelector(PeerSelector):
+    """TTFT-cost choice among staying and the available peers (see the module docstring).
 
+    Besides ``select`` it keeps state the router feeds: the forwards sent to each peer since its
+    heartbeat (``on_forward``) and the local drain rate (``on_local_complete``). ``rtt`` is the
+    router's RTT table when the router built it (read through ``router.measured_rtt``; the router
+    alone feeds and forgets it), None for a stand-alone selector."""
 
-def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Optional[float]:
-    """Seconds since ``target`` was last sent the matched prefix of length ``chars`` (None: unknown).
-
-    Reads the matched block's per-target access time in the prefix index (an insert touches the whole
-    path, so it is when this prefix last went to ``target``).
-    """
-    t = index.last_access_at(prepared, chars, target)
-    return None if t is None else max(0.0, now - t)
-
-
-def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, min_match_chars: int,
-                    half_life_s: Optional[float], index=None, prepared=None, now: float = 0.0,
-                    times: Optional[Dict[Hashable, float]] = None) -> Dict[Hashable, float]:
-    """Matched characters → estimated cached tokens (min-length rule, age discount, capped at L).
-    The age of each match comes from ``times`` (filled by ``index.match(..., times=)``) or, without
-    it, from ``index.access_times``."""
-    floor = max(1, min_match_chars)
-    fl = float(L)
-    out = {}
-    if half_life_s is None:
-        for t, chars in match.items():
-            if chars >= floor:
-                x = chars / chars_per_token
-                out[t] = x if x < fl else fl
-        return out
-    if times is None:
-        kept = {t: chars for t, chars in match.items() if chars >= floor}
-        times = index.access_times(prepared, kept) if (index is not None and kept) else {}
-    get = times.get
-    for t, chars in match.items():
-        if chars < floor:
-            continue
-        x = chars / chars_per_token
-        x = x if x < fl else fl  # min(L, chars / chars_per_token)
-        ts = get(t)
-        if ts is not None and now > ts:  # age = max(0, now - ts) > 0, as match_age
-            x *= 0.5 ** ((now - ts) / half_life_s)
-        out[t] = x
-    return out
-
-
-class RttTable:
-    """EWMA of measured RTTs per region."""
-
-    def __init__(self, alpha: float = 0.3):
-        self.alpha = alpha
-        self._v: Dict[str, float] = {}
-
-    def observe(self, region: str, seconds: float) -> float:
-        s = float(seconds)
-        if not (s >= 0.0 and math.isfinite(s)):
-            raise ValueError(f"RTT sample for {region!r} must be a finite number >= 0, got {seconds!r}")
-        old = self._v.get(region)
-        v = s if old is None else old + self.alpha * (s - old)
-        self._v[region] = v
-        return v
-
-    def get(self, region: str) -> Optional[float]:
-        return self._v.get(region)
-
-    def forget(self, region: str) -> None:
-        self._v.pop(region, None)
-
-
-class DrainRate:
-    """Local completions per second over a sliding window of ``window_s`` seconds.
-
-    ``observe(now)`` per completion, ``rate(now)`` per query: both trim the timestamps older than the
-    window from the left (amortised O(1)); at most ``max_samples`` are kept (past that the oldest go,
-    and the rate is taken over the span of those kept, so it stays right). ``rate`` is
-    ``n / (now - oldest)`` over the ``n`` completions in the window, None while ``n < min_samples``.
-    Timestamps are kept non-decreasing (a sample older than the newest counts as the newest).
-    """
-
-    __slots__ = ("window_s", "min_samples", "_t")
-
-    def __init__(self, window_s: float = 10.0, min_samples: int = 4, max_samples: int = 4096):
-        window_s = float(window_s)
-        if not (window_s > 0.0 and math.isfinite(window_s)):
-            raise ValueError(f"drain_window_s must be a finite number > 0, got {window_s!r}")
-        if int(min_samples) != min_samples or min_samples < 2:
-            raise ValueError(f"drain_min_samples must be an integer >= 2, got {min_samples!r}")
-        if int(max_samples) != max_samples or max_samples < min_samples:
-            raise ValueError(f"max_samples must be an integer >= drain_min_samples, got {max_samples!r}")
-        self.window_s = window_s
-        self.min_samples = int(min_samples)
-        self._t: Deque[float] = deque(maxlen=int(max_samples))
-
-    def _trim(self, now: float) -> None:
-        t = self._t
-        lo = now - self.window_s
-        while t and t[0] < lo:
-            t.popleft()
-
-    def observe(self, now: float) -> None:
-        now = float(now)
-        if not math.isfinite(now):
-            raise ValueError(f"completion time must be finite, got {now!r}")
-        t = self._t
-        if t and now < t[-1]:
-            now = t[-1]
-        t.append(now)
-        self._trim(now)
-
-    def rate(self, now: float) -> Optional[float]:
-        self._trim(now)
-        t = self._t
-        if len(t) < self.min_samples:
-            return None
-        return len(t) / max(now - t[0], 1e-3)
-
-    def __len__(self) -> int:
-        return len(self._t)
-
-
-class CostSelector:
-    """TTFT-cost choice among staying and the available peers (see the module docstring)."""
-
-    def __init__(self, config: Optional[CostSelectorConfig] = None):
+    def __init__(self, config: Optional[CostSelectorConfig] = None, rtt: Optional[RttTable] = None):
         if isinstance(config, dict):
             config = CostSelectorConfig.model_validate(config)
         self.config = config or CostSelectorConfig()
-        self.rtt = RttTable(self.config.rtt_alpha)
+        self.rtt = rtt
         self.ttft = TtftModel(self.config.ttft)  # used when the local policy has no TTFT model
         self._fwd: Dict[str, Deque[Tuple[float, int]]] = {}
         self.drain = DrainRate(self.config.drain_window_s, self.config.drain_min_samples)
@@ -235,9 +101,6 @@ class CostSelector:
         self.last_slot_wait_s = 0.0  # the slot-wait term (before q̂) of the last stay cost
 
     # ------------------------------------------------------------ inputs
-    def observe_rtt(self, region: str, seconds: float) -> float:
-        return self.rtt.observe(region, seconds)
-
     def on_forward(self, req, region: str, now: float) -> None:
         q = self._fwd.get(region)
         if q is None:
@@ -250,26 +113,23 @@ class CostSelector:
 
     def forget(self, region: str) -> None:
         self._fwd.pop(region, None)
-        self.rtt.forget(region)
 
     # ------------------------------------------------------------ estimates
-    def _model(self, router) -> TtftModel:
-        m = getattr(router.local, "ttft", None)
-        return m if isinstance(m, TtftModel) else self.ttft
-
     def local_t_p(self, router) -> float:
-        f = getattr(router.local, "pooled_t_p", None)  # the local policy's pooled t_p, its floor applied
-        return float(f()) if callable(f) else self._model(router).t_p()
+        tp = router.local.region_t_p()  # the local policy's pooled t_p, its floor applied
+        return float(tp) if tp is not None else self.ttft.t_p()
 
     def _mean_prompt(self, router, req) -> float:
-        m = getattr(router.local, "mean_prompt_tokens", None)
+        m = router.local.mean_prompt_tokens
         return float(m) if m else float(req.prompt_tokens)
 
     def rtt_of(self, router, region: str) -> float:
-        v = self.rtt.get(region)
+        """The router's measured RTT (EWMA), else the heartbeat's, else ``unknown_rtt_s``."""
+        v = router.measured_rtt(region)
         if v is None:
-            p = router.peers.get(region)
-            v = p.rtt_s if p is not None and p.rtt_s is not None else self.config.unknown_rtt_s
+            v = router.heartbeat_rtt(region)
+            if v is None:
+                v = self.config.unknown_rtt_s
         return v
 
     def peer_t_p(self, router, region: str) -> float:
@@ -283,13 +143,13 @@ class CostSelector:
         local = router.local
         mean = self._mean_prompt(router, req)
         q = router.queued_tokens if router.queued_tokens is not None else router.queue_len * mean
-        qt = getattr(local, "queued_tokens", None)
+        tracker = local.tracker
         for t in local.targets:
-            if qt is not None:
-                q += qt(t)
-            else:
-                s = local.tracker.stats(t)
-                q += (s.num_waiting if s is not None else 0) * mean + local.tracker.unseen(t) * mean
+            v = local.queued_tokens(t)
+            if v is None:  # the policy does not estimate it: reported waiting + unseen, at the mean prompt
+                s = tracker.stats(t)
+                v = (s.num_waiting if s is not None else 0) * mean + tracker.unseen(t) * mean
+            q += v
         return q
 
     def local_cost(self, router, req, now: float, shared: bool = True) -> Optional[float]:
@@ -306,9 +166,9 @@ class CostSelector:
             return None
         tp = self.local_t_p(router)
         hit = 0.0
-        index = getattr(local, "index", None)
+        index = local.index
         if index is not None:
-            p = local.prepared(req) if hasattr(local, "prepared") else index.prepare(req.text)
+            p = req.prepared_for(index)
             hits = discounted_hits(index.match(p, local.targets), req.prompt_tokens, cfg.chars_per_token,
                                    cfg.min_match_chars, cfg.match_half_life_s, index, p, now)
             hit = max(hits.values(), default=0.0)
@@ -363,7 +223,7 @@ class CostSelector:
     def peer_costs(self, router, req, peers: List[str], now: float):
         cfg = self.config
         snap = router.snapshot
-        prep = router._prepared(req)
+        prep = req.prepared_for(snap)
         raw = snap.match(prep, peers)
         hits = discounted_hits(raw, req.prompt_tokens, cfg.chars_per_token, cfg.min_match_chars,
                                cfg.match_half_life_s, snap, prep, now)
@@ -382,7 +242,7 @@ class CostSelector:
         return costs, raw, hits
 
     # ------------------------------------------------------------ decision
-    def select(self, router, req, peers: List[str], now: float):
+    def select(self, router, req, peers: List[str], now: float) -> Selection:
         """(region, matched chars, reason), or (None, 0, reason) to hold the request here."""
         costs, raw, hits = self.peer_costs(router, req, peers, now)
         best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))

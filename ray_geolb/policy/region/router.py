@@ -6,8 +6,9 @@ A :class:`RegionRouter` is one region's load balancer. For each request it:
 2. otherwise **forwards** to an available peer region — one whose last heartbeat is fresh, reports
    at least one available replica and an LB queue no longer than ``tau`` — picked by the regional
    snapshot (longest prefix this region already forwarded there; ties by lower RTT), by a ring over
-   regions (SkyLB-CH), or (``remote="cost"``) by the TTFT-cost selector of ``policy/remote.py``, which
-   may also decide that holding the request here is cheaper than any forward. A forwarded request carries ``hops``; at ``max_hops`` it is never forwarded
+   regions (SkyLB-CH), or (``remote="cost"``) by the TTFT-cost selector, which may also decide that
+   holding the request here is cheaper than any forward (one :class:`PeerSelector` per
+   ``TwoLayerConfig.remote``, in :data:`PEER_SELECTORS`). A forwarded request carries ``hops``; at ``max_hops`` it is never forwarded
    again (no ping-pong);
 3. otherwise **holds** it in this LB's FCFS queue (the driver retries it when something frees).
 
@@ -18,48 +19,39 @@ or rejected if no allowed region can ever take it, but never sent outside its se
 The peer table is fed by heartbeats (:meth:`update_peer`) and this region's own heartbeat is
 :meth:`heartbeat`. A peer not heard from within ``peer_stale_s`` is treated as unavailable
 ("route locally, never forward blindly").
+
+Who owns what: the router owns the peer table (a :class:`PeerState` changes only through its
+methods: ``update_peer``, ``note_forward``, ``mark_unreachable``, ``remove_peer``), the regional
+snapshot, the region ring and the one RTT estimate (``observe_rtt`` -> ``measured_rtt``); the 'cost'
+selector owns what it alone reads (forwards sent since each heartbeat, the local drain rate). The
+local layer is read through :class:`~ray_geolb.policy.region.local_layer.LocalLayer` only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Hashable, Iterable, List, Literal, Optional
+from typing import Callable, Dict, Hashable, Iterable, List, Literal, Optional
 
-from pydantic import Field, field_validator
+from ..base import RouteRequest
+from ..hash_ring import HashRing
+from .config import TwoLayerConfig
+from .cost_selector import CostSelector
+from .estimators import RttTable
+from .local_layer import LocalLayer
+from .nearest_selector import NearestSelector
+from .peer_selector import PeerSelector
+from .prefix_selector import PrefixSelector
+from .ring_selector import RingSelector
 
-from .base import Policy, RouteRequest
-from .config import PrefixIndexConfig, _Strict
-from .hash_ring import HashRing
-from .remote import CostSelector, CostSelectorConfig
+__all__ = ["PEER_SELECTORS", "PeerState", "RegionDecision", "RegionRouter"]
 
-__all__ = ["TwoLayerConfig", "PeerState", "RegionDecision", "RegionRouter"]
-
-REGION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
-
-
-class TwoLayerConfig(_Strict):
-    region: str = Field(..., min_length=1, pattern=REGION_PATTERN, description="this LB's region name")
-    tau: int = Field(2, ge=0, description="a peer whose LB queue is longer than this is unavailable")
-    remote: Literal["prefix", "ring", "nearest", "cost"] = Field("prefix", description="how a peer is chosen ('cost': policy/remote.py)")
-    max_hops: int = Field(1, ge=0, le=1, description="0 = region-local (never forward), 1 = SkyLB")
-    peer_stale_s: float = Field(10.0, gt=0, description="a peer heartbeat older than this is ignored")
-    snapshot: PrefixIndexConfig = PrefixIndexConfig(max_nodes=100_000)
-    virtual_nodes: int = Field(256, ge=1)
-    cost: CostSelectorConfig = Field(CostSelectorConfig(), description="the 'cost' selector's settings (remote='cost')")
-    tenant_regions: Dict[str, FrozenSet[str]] = Field(default_factory=dict, description="tenant -> regions its requests may be served in")
-
-    @field_validator("tenant_regions")
-    @classmethod
-    def _check_tenants(cls, v):
-        import re
-
-        for tenant, regions in v.items():
-            if not regions:
-                raise ValueError(f"tenant {tenant!r} has an empty region set (omit the tenant for 'any region')")
-            for r in regions:
-                if not re.match(REGION_PATTERN, r):
-                    raise ValueError(f"tenant {tenant!r}: invalid region name {r!r}")
-        return v
+#: ``TwoLayerConfig.remote`` -> its peer selector, built from the router's config and RTT table
+PEER_SELECTORS: Dict[str, Callable[[TwoLayerConfig, RttTable], PeerSelector]] = {
+    "prefix": lambda config, rtt: PrefixSelector(),
+    "ring": lambda config, rtt: RingSelector(),
+    "nearest": lambda config, rtt: NearestSelector(),
+    "cost": lambda config, rtt: CostSelector(config.cost, rtt=rtt),
+}
 
 
 @dataclass
@@ -83,9 +75,10 @@ class RegionDecision:
 
 
 class RegionRouter:
-    """One region's load balancer: layer 1 over peer regions, layer 2 = the local ``Policy``."""
+    """One region's load balancer: layer 1 over peer regions, layer 2 = the local layer (a ``Policy``, or
+    anything that implements :class:`~ray_geolb.policy.region.local_layer.LocalLayer`)."""
 
-    def __init__(self, config, local: Policy, clock: Callable[[], float] = None):
+    def __init__(self, config, local: LocalLayer, clock: Callable[[], float] = None):
         if isinstance(config, dict):
             config = TwoLayerConfig.model_validate(config)
         self.config: TwoLayerConfig = config
@@ -94,7 +87,10 @@ class RegionRouter:
         self.peers: Dict[str, PeerState] = {}
         self.snapshot = config.snapshot.build(clock)
         self.ring = HashRing(virtual_nodes=config.virtual_nodes)
-        self.selector: Optional[CostSelector] = CostSelector(config.cost) if config.remote == "cost" else None
+        self.rtt = RttTable(config.cost.rtt_alpha)  # the one measured-RTT estimate (observe_rtt)
+        self.peer_selector: PeerSelector = PEER_SELECTORS[config.remote](config, self.rtt)
+        #: the 'cost' selector (it keeps state the router feeds); None with SkyLB's stateless selectors
+        self.selector: Optional[CostSelector] = self.peer_selector if isinstance(self.peer_selector, CostSelector) else None
         self.queue_len = 0
         self.queued_tokens: Optional[float] = None
 
@@ -115,13 +111,45 @@ class RegionRouter:
         if self.peers.pop(region, None) is not None:
             self.ring.remove(region)
             self.snapshot.remove_target(region)
+            self.rtt.forget(region)
             if self.selector is not None:
                 self.selector.forget(region)
 
-    def observe_rtt(self, region: str, seconds: float) -> None:
-        """A measured RTT sample to ``region`` (the 'cost' selector keeps an EWMA of them)."""
-        if self.selector is not None:
-            self.selector.observe_rtt(region, seconds)
+    def note_forward(self, region: str) -> None:
+        """Count one forward in ``region``'s LB queue until its next heartbeat replaces the entry
+        (optimistic; the Serve ingress calls it after each forward so that a burst stops going to a
+        peer after ~tau forwards per heartbeat period instead of herding there)."""
+        ps = self.peers.get(region)
+        if ps is not None:
+            ps.queue_len += 1
+
+    def mark_unreachable(self, region: str) -> None:
+        """A forward to ``region`` failed: no available replica there until its next heartbeat."""
+        ps = self.peers.get(region)
+        if ps is not None:
+            ps.available_replicas = 0
+
+    # ------------------------------------------------------------ RTT
+    def observe_rtt(self, region: str, seconds: float) -> float:
+        """A measured RTT sample to ``region`` (a probe): updates and returns the EWMA
+        (``TwoLayerConfig.cost.rtt_alpha``). The simulator's probes ride on its heartbeats; the Serve
+        ingress pings every peer. The heartbeat's ``PeerState.rtt_s`` is left as the heartbeat said."""
+        return self.rtt.observe(region, seconds)
+
+    def measured_rtt(self, region: str) -> Optional[float]:
+        """This router's RTT estimate to ``region`` from ``observe_rtt`` samples (None: never measured).
+        The 'cost' selector prefers it to the heartbeat's."""
+        return self.rtt.get(region)
+
+    def measured_rtts(self) -> Dict[str, float]:
+        """Every measured estimate, region -> seconds (a copy; the ingress reports it to the registry)."""
+        return self.rtt.as_dict()
+
+    def heartbeat_rtt(self, region: str) -> Optional[float]:
+        """The RTT the peer table holds for ``region`` (``PeerState.rtt_s``, from its heartbeat; None:
+        unknown). SkyLB's selectors (prefix, nearest) read this one."""
+        p = self.peers.get(region)
+        return p.rtt_s if p is not None else None
 
     def set_queue(self, queue_len: int, queued_tokens: Optional[float] = None) -> None:
         """What waits at this LB *ahead of* the request about to be decided (requests, and their prompt
@@ -180,34 +208,10 @@ class RegionRouter:
             if not local_ok and allowed is not None and not (set(self.peers) & allowed):
                 return RegionDecision("reject", reason=f"no known region in allowed_regions {sorted(allowed)}")
             return RegionDecision("hold", reason="no_region_available")
-        region, matched, reason = self._pick_peer(req, peers, now)
+        region, matched, reason = self.peer_selector.select(self, req, peers, now)
         if region is None:
             return RegionDecision("hold", reason=reason)
         return RegionDecision("forward", region, matched, reason)
-
-    def _rtt(self, region: str) -> float:
-        r = self.peers[region].rtt_s
-        return r if r is not None else float("inf")
-
-    def _pick_peer(self, req: RouteRequest, peers: List[str], now: float = 0.0):
-        mode = self.config.remote
-        if mode == "cost":
-            return self.selector.select(self, req, peers, now)
-        if mode == "ring":
-            key = req.session_key or req.text[:256]
-            return self.ring.next_available(key, set(peers)), 0, "ring"
-        if mode == "prefix":
-            best, matched = self.snapshot.longest(self._prepared(req), peers)
-            if best:
-                return min(best, key=lambda r: (self._rtt(r), r)), matched, "snapshot"
-        return min(peers, key=lambda r: (self._rtt(r), r)), 0, "nearest"
-
-    def _prepared(self, req: RouteRequest):
-        key = ("snapshot", id(self.snapshot))
-        p = req.cache.get(key)
-        if p is None:
-            p = req.cache[key] = self.snapshot.prepare(req.text)
-        return p
 
     # ------------------------------------------------------------ events
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
@@ -223,6 +227,6 @@ class RegionRouter:
 
     def on_forward(self, req: RouteRequest, region: str, now: float) -> None:
         """Record a forward in the regional snapshot (SkyLB §4.1)."""
-        self.snapshot.insert(self._prepared(req), region, now)
+        self.snapshot.insert(req.prepared_for(self.snapshot), region, now)
         if self.selector is not None:
             self.selector.on_forward(req, region, now)

@@ -1,0 +1,110 @@
+"""One FCFS hold queue: the requests waiting at a load balancer, in arrival order, with their prompt tokens.
+
+Selective pushing holds a request at the LB when no replica is available for it; held requests are
+served strictly first come, first served (only the head may take a local replica). The same class
+holds them in the simulator's LB (``sim/simulator.py``) and in the Serve model router's held queue
+(``GeoPrefixRouter`` in ``serve/router.py``), so "what waits here" and "what waits ahead of this
+request" -- the region layer's ``Q_lb`` and the slot wait's ``ahead`` -- are counted one way.
+
+Entries are keyed (a request id, or any hashable); each keeps the prompt tokens it had when it was
+queued (``tokens_of(item)``), and the queue keeps their sum, so ``tokens`` is O(1). Plain Python, no
+lock: a reader on another thread sees each figure whole (``len``, ``tokens``), but not the two at one
+instant.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Callable, Generic, Hashable, Iterator, Optional, Tuple, TypeVar
+
+__all__ = ["HoldQueue"]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class HoldQueue(Generic[K, V]):
+    """Entries in arrival order with their prompt-token sum (see the module docstring)."""
+
+    __slots__ = ("_items", "_tokens", "_tokens_of")
+
+    def __init__(self, tokens_of: Callable[[V], int]):
+        self._items: "OrderedDict[K, Tuple[V, int]]" = OrderedDict()
+        self._tokens = 0
+        self._tokens_of = tokens_of
+
+    # ------------------------------------------------------------ reads
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __bool__(self) -> bool:
+        return bool(self._items)
+
+    def __contains__(self, key) -> bool:
+        return key in self._items
+
+    def __iter__(self) -> Iterator[K]:
+        """Keys, head first."""
+        return iter(self._items)
+
+    def __getitem__(self, key: K) -> V:
+        return self._items[key][0]
+
+    def items(self) -> Iterator[Tuple[K, V]]:
+        """(key, item) pairs, head first."""
+        return ((k, v) for k, (v, _) in self._items.items())
+
+    @property
+    def tokens(self) -> int:
+        """Prompt tokens of every queued entry."""
+        return self._tokens
+
+    def head(self) -> Optional[Tuple[K, V]]:
+        """(key, item) of the oldest entry, or None when empty."""
+        for k, (v, _) in self._items.items():
+            return k, v
+        return None
+
+    def is_head(self, key) -> bool:
+        return bool(self._items) and next(iter(self._items)) == key
+
+    def ahead(self, key) -> Tuple[int, int]:
+        """(entries, prompt tokens) queued before ``key``; a key not queued is a newcomer, behind all."""
+        n = tok = 0
+        for k, (_, t) in self._items.items():
+            if k == key:
+                break
+            n += 1
+            tok += t
+        return n, tok
+
+    # ------------------------------------------------------------ changes
+    def append(self, key: K, item: V) -> bool:
+        """Queue ``item`` at the tail; False (and nothing changes) if ``key`` is already queued."""
+        if key in self._items:
+            return False
+        t = self._tokens_of(item)
+        self._items[key] = (item, t)
+        self._tokens += t
+        return True
+
+    def __setitem__(self, key: K, item: V) -> None:
+        """Append, or replace a queued entry's item in its place (its tokens taken anew)."""
+        old = self._items.get(key)
+        t = self._tokens_of(item)
+        self._items[key] = (item, t)
+        self._tokens += t - (old[1] if old is not None else 0)
+
+    def remove(self, key) -> Optional[V]:
+        """Take ``key`` out wherever it stands; its item, or None if it was not queued."""
+        e = self._items.pop(key, None)
+        if e is None:
+            return None
+        self._tokens -= e[1]
+        return e[0]
+
+    def pop_head(self) -> Tuple[K, V]:
+        """Take the oldest entry out (KeyError when empty)."""
+        k, (v, t) = self._items.popitem(last=False)
+        self._tokens -= t
+        return k, v
