@@ -7,7 +7,7 @@ A run is a plain dict (JSON-able, so it can be shipped to a Ray task)::
      "deploy": {...DeploymentSpec overrides...}}
 
 and :func:`run_one` turns one into a metrics summary (see ``metrics.summarize``) plus ``ttft_cdf``
-(101 quantiles, for plots). Everything is a pure function of the run dict.
+(the 0th..100th TTFT percentiles, for plots). Everything is a pure function of the run dict.
 
 Scenarios (``SCENARIOS``):
 
@@ -252,6 +252,8 @@ def build_workload(spec: Dict[str, Any]):
 
 def run_one(run: Dict[str, Any], progress=None) -> Dict[str, Any]:
     """Simulate one run dict and return its summary (+ ``label``, ``group``, ``ttft_cdf``)."""
+    from ray_geolb.percentile import percentile
+
     from .deploy import deployment_for
     from .metrics import summarize
     from .simulator import SimConfig, simulate
@@ -260,10 +262,9 @@ def run_one(run: Dict[str, Any], progress=None) -> Dict[str, Any]:
     dep = deployment_for(run["system"], run["replicas"], **dict(run.get("deploy") or {}))
     res = simulate(wl, dep, SimConfig(**run["sim"]), progress=progress)
     m = summarize(res)
-    # The plotted CDF: 101 order statistics (rank round(q / 100 * (n - 1)), no interpolation), not
-    # ray_geolb.percentile: results.json carries these points and interpolating would change them.
-    ttft = sorted(r[1] for r in res.requests)
-    m["ttft_cdf"] = [ttft[min(len(ttft) - 1, int(round(q / 100 * (len(ttft) - 1))))] for q in range(101)] if ttft else []
+    # the plotted CDF: the 0th..100th percentiles, by the project's one percentile definition
+    ttft = [r[1] for r in res.requests]
+    m["ttft_cdf"] = percentile(ttft, range(101)) if ttft else []
     m["label"] = run["label"]
     m["group"] = run.get("group", "")
     m["scenario"] = run.get("scenario", "")
