@@ -29,19 +29,18 @@ def test_every_policy_is_a_local_layer_with_documented_defaults(name):
 
 def test_the_ingress_view_is_a_local_layer_delegating_to_the_live_policy():
     from ray_geolb.policy.region import GEOPREFIX_COST
-    from ray_geolb.serve.ingress import IngressConfig, RegionIngressImpl, _LocalView
+    from ray_geolb.serve.ingress import IngressConfig
+    from ray_geolb.serve.ingress.local_view import LocalView as _LocalView
 
-    ing = RegionIngressImpl.__new__(RegionIngressImpl)
-    ing.cfg = IngressConfig(region="us", registry=None, two_layer={"remote": "cost", "cost": dict(GEOPREFIX_COST)})
-    ing._local_unrouted = set()
+    cfg = IngressConfig(region="us", registry=None, two_layer={"remote": "cost", "cost": dict(GEOPREFIX_COST)})
     geo = build_policy("geoprefix", targets=["r1"])
-    ing._geo_router = lambda: type("R", (), {"policy": geo, "num_available": lambda self: 0})()
-    view = _LocalView(ing)
+    view = _LocalView(cfg.local_availability,
+                      lambda: type("R", (), {"policy": geo, "num_available": lambda self: 0})())
     assert isinstance(view, LocalLayer)
     assert view.index is geo.index and view.mean_prompt_tokens == geo.mean_prompt_tokens
     assert view.region_t_p() == geo.region_t_p() and view.queued_tokens("r1") == geo.queued_tokens("r1")
     assert "__getattr__" not in vars(_LocalView)
-    ing._geo_router = lambda: None
+    view.geo_router = lambda: None
     assert view.targets == [] and view.index is None and view.region_t_p() is None and view.queued_tokens("x") is None
 
 

@@ -167,22 +167,13 @@ def test_emulated_engine_reports_wall_clock_ttft_samples_since_last_report():
 
 # ---------------------------------------------------------------------------------------------- ingress view
 def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote="cost"):
-    from ray_geolb.serve.ingress import IngressConfig, RegionIngressImpl, _LocalView
+    from ray_geolb.serve.ingress import IngressConfig, RequestPath
 
-    ing = RegionIngressImpl.__new__(RegionIngressImpl)
-    ing.cfg = IngressConfig(region="us", peers={"eu": "geolb-eu", "asia": "geolb-asia"}, registry=None,
-                            two_layer={"remote": remote, "cost": dict(GEOPREFIX_COST)})
-    ing.region = "us"
-    ing._queue = __import__("collections").deque()
-    ing._queue_tokens = {}
-    ing._local_unrouted = set()
-    ing.counters = {"decide_errors": 0}
-    ing.decisions = {}
+    cfg = IngressConfig(region="us", peers={"eu": "geolb-eu", "asia": "geolb-asia"}, registry=None,
+                        two_layer={"remote": remote, "cost": dict(GEOPREFIX_COST)})
     fake = SimpleNamespace(policy=policy, num_available=lambda: available, queue_len=lambda: router_queue,
                            queued_tokens=lambda: router_tokens, decision=lambda rid: None)
-    ing._geo_router = lambda: fake
-    ing.router = RegionRouter(ing.cfg.two_layer_config(), _LocalView(ing))
-    return ing
+    return RequestPath(cfg, geo_router=lambda: fake)  # not started: no registry link, no RTT probes
 
 
 def _busy_geoprefix(n_inflight=4):
@@ -207,14 +198,13 @@ def test_local_view_is_the_live_policy_and_prices_staying_like_the_simulator():
     # the simulator's RegionRouter over the real policy, with the same LB queue ahead, prices staying alike
     sim = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=dict(GEOPREFIX_COST)), geo)
     sim.set_queue(3, 900.0)
-    ing._set_queue_ahead(None)
+    ing.set_queue_ahead(None)
     assert (ing.router.queue_len, ing.router.queued_tokens) == (3, 900.0)
     req = RouteRequest(request_id="q", text="a new question " * 150)
     now = 5.0
     assert ing.router.selector.local_cost(ing.router, req, now) == pytest.approx(sim.selector.local_cost(sim, req, now))
     # heartbeat extras: what the simulator's RegionRouter.heartbeat sends, queue = ingress + router queue
-    ing._queue.append(asyncio.Event())
-    ing._queue_tokens[ing._queue[0]] = 250
+    ing.admission.queue.append(asyncio.Event(), 250)  # one request waiting at the ingress, 250 prompt tokens
     ex = ing.heartbeat_extra()
     assert ex == sim.heartbeat(4, now, queued_tokens=1150.0).extra
     assert ex["replicas"] == 2 and ex["inflight"] == 4 and ex["t_p_s"] == pytest.approx(2e-4)
@@ -253,12 +243,12 @@ def test_saturated_region_forwards_by_relayed_extras():
 
     ing = region(True)
     assert ing.router.peers["eu"].extra["inflight"] == 6 and ing.router.peers["asia"].extra["replicas"] == 2
-    d = ing._decide(RouteRequest(request_id="n", text="please route me " * 100))
+    d = ing.decide(RouteRequest(request_id="n", text="please route me " * 100))
     costs = ing.router.selector.last_costs
     assert d.kind == "forward" and d.target == "asia", (d, costs)
     assert costs["asia"] < costs["eu"] and costs["asia"] < costs[None]
     bare = region(False)
-    d = bare._decide(RouteRequest(request_id="m", text="please route me " * 100))
+    d = bare.decide(RouteRequest(request_id="m", text="please route me " * 100))
     assert d.kind == "forward" and d.target == "eu", (d, bare.router.selector.last_costs)
 
 
@@ -274,9 +264,9 @@ def test_decide_retries_a_racing_read_then_degrades():
         return real(req, now)
 
     ing.router.decide = flaky
-    assert ing._decide(RouteRequest(request_id="z", text="hi " * 10)).kind == "local" and calls["n"] == 2
+    assert ing.decide(RouteRequest(request_id="z", text="hi " * 10)).kind == "local" and calls["n"] == 2
     ing.router.decide = lambda *a: (_ for _ in ()).throw(RuntimeError("always"))
-    d = ing._decide(RouteRequest(request_id="z2", text="hi " * 10))
+    d = ing.decide(RouteRequest(request_id="z2", text="hi " * 10))
     assert d.kind == "local" and d.reason == "local_available" and ing.counters["decide_errors"] == 1
 
 
@@ -284,7 +274,7 @@ def test_local_view_without_router_or_with_skylb():
     from ray_geolb.policy.region import CostSelector
 
     ing = _fake_ingress(None, available=1)
-    ing._geo_router = lambda: None
+    ing.local.geo_router = lambda: None
     assert ing.router.local.targets == [] and ing.heartbeat_extra() == {}
     assert not hasattr(ing.router.local, "pooled_t_p") and getattr(ing.router.local, "index", None) is None
     sky = build_policy("skylb", targets=["r1"])
@@ -308,7 +298,6 @@ def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     ing = _fake_ingress(geo, available=0)
     sel = ing.router.selector
     assert type(sel) is CostSelector and sel.config.stay_slot_wait
-    ing._kick = lambda: None  # no hold queue in this fake
     now = time.monotonic()
     for r in ("eu", "asia"):
         ing.router.update_peer(PeerState(r, 1, 0, now, extra={"queued_tokens": 0.0, "inflight": 2, "replicas": 1}))
@@ -316,19 +305,20 @@ def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     ing.router.observe_rtt("asia", 0.05)
     req = lambda i: RouteRequest(request_id=f"b{i}", text=f"burst user {i} " * 40)  # noqa: E731
     assert ing.local_drain_rate() is None
-    d = ing._decide(req(0))
+    d = ing.decide(req(0))
     assert (d.kind, d.reason) == ("hold", "stay_cheaper") and sel.last_slot_wait_s == 0.0, sel.last_costs
     t = time.monotonic()
     for dt in (3.2, 2.4, 1.6, 0.8, 0.0):  # 5 completions in 3.2 s
         ing.router.on_local_complete(t - dt)
-    ing._local_done()  # the ingress's own completion path feeds the same estimator (a 6th, now)
+    ing.local_done()  # the ingress's own completion path feeds the same estimator (a 6th, now)
     assert ing.local_drain_rate() == pytest.approx(6 / 3.2, rel=0.05)
     assert ing.slot_wait_s(0) == pytest.approx(3.2 / 6, rel=0.05)
-    d = ing._decide(req(1))
+    d = ing.decide(req(1))
     assert d.kind == "forward" and d.target == "eu", sel.last_costs
     assert sel.last_slot_wait_s == pytest.approx(3.2 / 6, rel=0.05)  # nothing ahead: one slot's wait
-    ing._queue.extend([asyncio.Event(), asyncio.Event()])
-    ing._decide(req(2))
+    ing.admission.queue.append(asyncio.Event(), 0)
+    ing.admission.queue.append(asyncio.Event(), 0)
+    ing.decide(req(2))
     assert sel.last_slot_wait_s == pytest.approx(3 * 3.2 / 6, rel=0.05)  # two ahead at this LB
 
 

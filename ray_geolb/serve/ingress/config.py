@@ -1,0 +1,93 @@
+"""Configuration of one region's ingress: :class:`IngressConfig` (JSON-able; built by
+``app.build_region_apps``) and the :class:`RegistryOptions` of its registry link."""
+
+from __future__ import annotations
+
+from typing import Dict, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ray_geolb.policy.region import TwoLayerConfig
+from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE
+
+__all__ = ["INGRESS_DEPLOYMENT", "IngressConfig", "RegistryOptions"]
+
+#: the Serve deployment name of every region's ingress (peers address each other by app name + this)
+INGRESS_DEPLOYMENT = "RegionIngress"
+
+
+class RegistryOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: str = DEFAULT_NAME
+    namespace: str = DEFAULT_NAMESPACE
+    period_s: float = Field(0.25, gt=0)
+    timeout_s: float = Field(1.0, gt=0)
+    config: Optional[dict] = None  # RegistryState kwargs if this ingress creates the actor
+
+
+class IngressConfig(BaseModel):
+    """Configuration of one region's ingress (JSON-able; built by ``app.build_region_apps``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    region: str = Field(..., min_length=1)
+    model_name: str = "geolb-emulated"
+    #: peer region -> its Serve application name (its ingress is ``INGRESS_DEPLOYMENT`` there)
+    peers: Dict[str, str] = Field(default_factory=dict)
+    #: TwoLayerConfig fields except ``region`` (tau, remote, max_hops, peer_stale_s, snapshot, ...)
+    two_layer: dict = Field(default_factory=lambda: {"peer_stale_s": 2.0})
+    #: "router": read the GeoPrefixRouter's availability; "always": every request is local-available
+    #: (baselines with Ray's own routers, which have no availability notion)
+    local_availability: Literal["router", "always"] = "router"
+    max_queue: int = Field(256, ge=0, description="requests that may wait at this ingress (more -> 429)")
+    max_wait_s: float = Field(30.0, gt=0, description="longest wait at this ingress (then 503)")
+    retry_after_s: float = Field(1.0, ge=0)
+    poll_s: float = Field(0.02, gt=0, description="re-decide period of the head of the queue")
+    registry: Optional[RegistryOptions] = RegistryOptions()
+    latency: Optional[dict] = None  # LatencyInjector.from_spec; None = default table, scale 1
+    rtt_probe_period_s: float = Field(1.0, gt=0)
+    #: EWMA weight of the RTT probes; set, it becomes ``two_layer.cost.rtt_alpha`` (the weight of
+    #: RegionRouter's one RTT estimate) unless ``two_layer.cost`` sets that itself
+    rtt_ewma: float = Field(0.3, gt=0, le=1)
+    snapshot_period_s: float = Field(1.0, gt=0)
+    default_max_tokens: int = Field(16, ge=1)
+    max_tokens_limit: int = Field(8192, ge=1)
+    forward_timeout_s: float = Field(300.0, gt=0)
+    #: Privacy. By default a response tells the client only where it was served (``x-geolb-region``,
+    #: ``-route``, ``-origin``): no per-request cache figure (matched prefix, cached tokens, replica,
+    #: reason, queue wait), which would let a client learn what *others* sent (guessing a prompt byte
+    #: by byte from the matched length). ``debug=True`` adds them to every response and opens
+    #: ``/v1/geolb/state`` and the detailed ``/healthz`` to anyone (local development only); a request
+    #: carrying the admin token (header ``x-geolb-admin-token``) gets them without ``debug``.
+    debug: bool = False
+    #: the admin token; None: the environment variable ``admin_token_env`` of the ingress process
+    #: (unset: no token, so the state endpoint needs ``debug``). Never shown by the state endpoint.
+    admin_token: Optional[str] = Field(None, min_length=16)
+    admin_token_env: str = "GEOLB_ADMIN_TOKEN"
+    #: 'cost' region layer: the measured wait for a local engine slot in the cost of staying -- the
+    #: policy core's ``CostSelectorConfig.stay_slot_wait`` / ``drain_window_s`` / ``drain_min_samples``
+    #: (see ``policy/region/cost_selector.py``; the simulator runs the same term). None: ``two_layer.cost``'s value
+    #: (``GEOPREFIX_COST`` turns it on, ``GORGO_COST`` leaves it off); a value here overrides it
+    #: (``stay_slot_wait=False``: the stay cost without the slot wait).
+    stay_slot_wait: Optional[bool] = None
+    drain_window_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
+                                            description="window of the local drain-rate estimate")
+    drain_min_samples: Optional[int] = Field(None, ge=2, description="completions the drain-rate estimate needs")
+
+    def two_layer_config(self) -> TwoLayerConfig:
+        tl = dict(self.two_layer)
+        if "region" in tl and tl["region"] != self.region:
+            raise ValueError(f"two_layer.region {tl['region']!r} differs from region {self.region!r}")
+        tl["region"] = self.region
+        over = {k: getattr(self, k) for k in _SLOT_WAIT_FIELDS if getattr(self, k) is not None}
+        if over or "rtt_ewma" in self.model_fields_set:
+            cost = tl.get("cost") or {}
+            cost = cost.model_dump() if isinstance(cost, BaseModel) else dict(cost)
+            if "rtt_ewma" in self.model_fields_set:  # the probes' EWMA is now RegionRouter's (observe_rtt)
+                cost.setdefault("rtt_alpha", self.rtt_ewma)
+            cost.update(over)
+            tl["cost"] = cost
+        return TwoLayerConfig.model_validate(tl)
+
+
+_SLOT_WAIT_FIELDS = ("stay_slot_wait", "drain_window_s", "drain_min_samples")

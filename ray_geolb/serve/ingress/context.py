@@ -1,0 +1,78 @@
+"""One request on its way through the ingress: :class:`RequestContext`.
+
+Built once -- from the HTTP body and headers at the origin (``openai.parse_request``), or from what
+the origin sent along with a forwarded request (:meth:`RequestContext.from_wire`) -- and passed
+whole down the request path (admission, local run, forward) instead of a long parameter list.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, Dict, FrozenSet, Optional
+
+from ray_geolb.policy.base import RouteRequest
+
+__all__ = ["RequestContext", "new_request_id"]
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    """What the ingress knows about one request (immutable; the decision and the time waited so far
+    on this attempt travel beside it)."""
+
+    #: the OpenAI body as sent to the model deployment (an ``openai.PromptBody``)
+    body: Dict[str, Any]
+    #: its canonical text (``policy.canonical.canonical_text``): what the prefix policies match
+    text: str
+    stream: bool
+    max_tokens: int
+    #: the regions it may be served in (None: any)
+    allowed: Optional[FrozenSet[str]]
+    #: 0 at the origin; a forwarded request arrives with 1 and is never forwarded again
+    hops: int
+    #: the region that received it from the client
+    origin: str
+    #: the session key (``x-session-id`` header, else the body's ``user``)
+    session: Optional[str]
+    request_id: str
+    #: time already spent waiting in the origin's queue (forwarded requests)
+    waited_ms: float = 0.0
+    #: the client's cap on waiting (``x-geolb-max-wait-s``); None: ``IngressConfig.max_wait_s``
+    max_wait_s: Optional[float] = None
+
+    def route_request(self) -> RouteRequest:
+        """The policy core's view of this request."""
+        return RouteRequest(request_id=self.request_id, text=self.text, session_key=self.session,
+                            region=self.origin, allowed_regions=self.allowed, hops=self.hops)
+
+    def wire(self, wait_ms: float, decision: Any) -> dict:
+        """What the origin sends a peer with the body when it forwards this request (``fmeta``)."""
+        return {"hops": self.hops + 1, "max_wait_s": self.max_wait_s, "origin": self.origin,
+                "allowed_regions": sorted(self.allowed) if self.allowed is not None else None,
+                "session": self.session, "stream": self.stream, "max_tokens": self.max_tokens,
+                "request_id": self.request_id, "waited_ms": wait_ms,
+                "forward_reason": decision.reason, "forward_matched": decision.matched}
+
+    @classmethod
+    def from_wire(cls, body: Dict[str, Any], text: str, fmeta: dict, *, stream: bool) -> "RequestContext":
+        """The context of a request a peer forwarded here (``hops >= 1``: it is never forwarded again)."""
+        allowed = frozenset(fmeta["allowed_regions"]) if fmeta.get("allowed_regions") else None
+        return cls(body=body, text=text, stream=stream, max_tokens=int(fmeta["max_tokens"]), allowed=allowed,
+                   hops=max(1, int(fmeta.get("hops", 1))), origin=fmeta.get("origin", "?"),
+                   session=fmeta.get("session"), request_id=fmeta.get("request_id") or new_request_id(),
+                   waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"))
+
+
+def new_request_id() -> str:
+    """Serve's request id of the call being handled (the client's ``x-request-id`` or Serve's own),
+    else a fresh one."""
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        rid = _get_serve_request_context().request_id
+        if rid:
+            return rid
+    except Exception:  # pragma: no cover
+        pass
+    return uuid.uuid4().hex

@@ -1,0 +1,124 @@
+"""The FastAPI deployment: :class:`RegionIngress`, one region's ingress as a Ray Serve app.
+
+HTTP endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (OpenAI, SSE when ``stream: true``),
+``/v1/models``, ``/healthz`` (status and region for everyone; the registry link and the peers for
+the operator) and ``/v1/geolb/state`` (operator only). Peer-facing handle methods: ``forwarded``,
+``forwarded_stream``, ``ping``, ``state``, ``accounting``.
+
+Ray Serve 2.60: the ``@serve.ingress`` class must stay defined at module level of an importable
+module, and FastAPI >= 0.137 breaks such classes (HTTP 400 ``Field required ('query','self')``;
+pinned ``fastapi<0.137``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from ray import serve
+
+from .config import INGRESS_DEPLOYMENT
+from .context import new_request_id
+from .errors import HEADER_PREFIX, GeoHTTPError
+from .openai import client_headers, completion_response, forbidden, is_admin, parse_request
+from .request_path import RequestPath
+
+__all__ = ["RegionIngress", "app"]
+
+app = FastAPI(title="ray_geolb region ingress", description="OpenAI-compatible, multi-region prefix-aware LB")
+
+
+@serve.deployment(name=INGRESS_DEPLOYMENT, max_ongoing_requests=4096, ray_actor_options={"num_cpus": 0})
+@serve.ingress(app)
+class RegionIngress:
+    """One region's ingress deployment (see the package docstring). Bind with the model deployment:
+    ``RegionIngress.options(...).bind(model_app, config_dict)``. The request path is :attr:`path`
+    (:class:`RequestPath`); this class adds HTTP and the handle methods peers call."""
+
+    async def __init__(self, model, config: dict):
+        self.path = RequestPath(config, model)
+        self.path.start()
+        cfg = self.path.cfg
+        self.cfg = cfg
+        self.region = cfg.region
+        self._admin_token = cfg.admin_token or os.environ.get(cfg.admin_token_env) or None
+
+    def _admin(self, request: Request) -> bool:
+        """True if the request may see debug figures: ``debug`` is on, or it carries the admin token."""
+        return is_admin(request.headers, self.cfg.debug, self._admin_token)
+
+    async def _http(self, request: Request, kind: str) -> Response:
+        debug = self._admin(request)
+        try:
+            ctx = parse_request(await request.body(), client_headers(request.headers), kind, self.cfg,
+                                origin=self.region, request_id=new_request_id())
+            meta, out = await self.path.process(ctx)
+        except GeoHTTPError as e:
+            if e.status == 400:
+                self.path.note_bad_request()
+            return e.response({HEADER_PREFIX + "origin": self.region})
+        try:
+            return completion_response(kind, meta, out, ctx.stream, debug, model=self.cfg.model_name,
+                                       region=self.region)
+        except BaseException:
+            if ctx.stream:
+                await out.aclose()
+            raise
+
+    # ------------------------------------------------------------ HTTP
+    @app.post("/v1/chat/completions")
+    async def chat_completions(self, request: Request):
+        return await self._http(request, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(self, request: Request):
+        return await self._http(request, "completion")
+
+    @app.get("/v1/models")
+    async def models(self):
+        return {"object": "list", "data": [{"id": self.cfg.model_name, "object": "model", "created": 0,
+                                            "owned_by": "ray_geolb", "region": self.region}]}
+
+    @app.get("/healthz")
+    async def healthz(self, request: Request):
+        """Liveness for load balancers; the registry link and the peers only for the operator."""
+        out = {"status": "ok", "region": self.region}
+        if self._admin(request):
+            out["registry"] = self.path.peers.status()
+            out["available_peers"] = self.path.available_peers()
+        return out
+
+    @app.get("/v1/geolb/state")
+    async def geolb_state(self, request: Request):
+        if not self._admin(request):
+            return forbidden("/v1/geolb/state")
+        return self.path.state()
+
+    # ------------------------------------------------------------ peer-facing (handle calls)
+    async def forwarded(self, body: dict, fmeta: dict):
+        """A request forwarded by a peer region (hops >= 1: it is never forwarded again)."""
+        return await self.path.forwarded(body, fmeta, stream=False)
+
+    async def forwarded_stream(self, body: dict, fmeta: dict):
+        """Streaming variant: yields the metadata dict first, then the tokens."""
+        meta, toks = await self.path.forwarded(body, fmeta, stream=True)
+        try:  # Ray throws CancelledError in here when the origin goes away: the stream is closed
+            yield meta
+            async for t in toks:
+                yield t
+        finally:
+            await toks.aclose()
+
+    async def ping(self) -> str:
+        return self.region
+
+    def state(self) -> dict:
+        return self.path.state()
+
+    def accounting(self) -> dict:
+        """What requests hold at this LB right now (see :meth:`RequestPath.accounting`)."""
+        return self.path.accounting()
+
+    async def check_health(self):
+        return None

@@ -1,0 +1,71 @@
+"""The ingress's errors: :class:`GeoHTTPError` (an error with an HTTP status, raised anywhere on the
+request path and answered as an OpenAI-style JSON error) and the mapping of a peer's or router's
+error to it."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from fastapi.responses import JSONResponse
+
+from ray_geolb.serve.errors import RouterError
+
+__all__ = ["HEADER_PREFIX", "GeoHTTPError", "ForwardFailed", "as_http_error"]
+
+#: the prefix of the ingress's own HTTP headers (``x-geolb-region``, ``x-geolb-route``, ...)
+HEADER_PREFIX = "x-geolb-"
+
+
+class GeoHTTPError(Exception):
+    """An error with an HTTP status; picklable, so a peer ingress can raise it to the origin."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 param: Optional[str] = None, retry_after_s: Optional[float] = None, region: Optional[str] = None):
+        super().__init__(message)
+        self.status = int(status)
+        self.message = message
+        self.type = type_
+        self.param = param
+        self.retry_after_s = retry_after_s
+        self.region = region
+
+    def __reduce__(self):
+        return (type(self), (self.status, self.message, self.type, self.param, self.retry_after_s, self.region))
+
+    def response(self, extra_headers: Optional[dict] = None) -> JSONResponse:
+        """The JSON error response (``{"error": {...}}``), with ``Retry-After`` and ``x-geolb-region``
+        when known."""
+        headers = dict(extra_headers or {})
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        if self.region:
+            headers[HEADER_PREFIX + "region"] = self.region
+        err = {"message": self.message, "type": self.type, "param": self.param, "code": self.status}
+        return JSONResponse({"error": err}, status_code=self.status, headers=headers)
+
+
+class ForwardFailed(Exception):
+    """The peer ingress could not be reached (the origin marks it unreachable and decides again)."""
+
+
+def _cause(e: BaseException) -> BaseException:
+    """The user exception inside a Ray wrapper (RayTaskError.cause), else ``e``."""
+    seen = 0
+    while seen < 5 and getattr(e, "cause", None) is not None and isinstance(e.cause, BaseException):
+        e = e.cause
+        seen += 1
+    return e
+
+
+def as_http_error(e: BaseException, region: str) -> Optional[GeoHTTPError]:
+    """``e`` as the HTTP error to answer (a peer's GeoHTTPError, or the model router's queue-full /
+    wait-timeout error), or None for any other error."""
+    c = _cause(e)
+    if isinstance(c, GeoHTTPError):
+        return c
+    if isinstance(c, RouterError):
+        kind = "queue_full" if type(c).__name__ == "RouterQueueFull" else "wait_timeout"
+        return GeoHTTPError(getattr(c, "http_status", 503), f"region {c.region or region}: {c.message}",
+                            type_=f"router_{kind}", retry_after_s=c.retry_after_s, region=c.region or region)
+    return None

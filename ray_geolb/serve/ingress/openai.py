@@ -1,0 +1,275 @@
+"""The OpenAI surface of the ingress: request parsing and response payloads.
+
+* Requests (``/v1/chat/completions``, ``/v1/completions``): :func:`validate_body` checks the JSON body
+  (bad JSON, a missing/empty ``messages`` or ``prompt``, a bad ``max_tokens`` or ``stream``, an unknown
+  ``allowed_regions`` entry -> HTTP 400 naming the problem; an unknown ``model`` -> 404), and
+  :func:`parse_request` adds what the headers say (``x-allowed-regions``, ``x-geolb-max-wait-s``,
+  ``x-session-id``) to build the :class:`~.context.RequestContext`. ``allowed_regions`` (header
+  ``x-allowed-regions: us,eu`` or body field; both: their intersection) is enforced on both layers:
+  a request may wait or be refused (403), never be sent outside its set.
+* Headers: internal ``x-geolb-*`` request headers are dropped (:func:`client_headers`). Every response
+  carries ``x-geolb-region`` (where it was served), ``x-geolb-route`` (``local`` | ``forwarded``) and
+  ``x-geolb-origin`` (the region that received it). Per-request routing and cache figures --
+  ``x-geolb-replica``, ``x-geolb-reason``, ``x-geolb-matched-prefix`` (bytes of canonical text),
+  ``x-geolb-queue-wait-ms`` and ``usage.prompt_tokens_details.cached_tokens`` -- are for the operator
+  only (``IngressConfig.debug`` or the admin token in ``x-geolb-admin-token``, :func:`is_admin`): a
+  matched length tells a client what *other* clients sent.
+* Responses: the completion JSON, or SSE chunks (``stream: true``) sent by an
+  :class:`OwnedStreamingResponse`, which closes its token source however the response ends.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import math
+import time
+import uuid
+from typing import Any, AsyncIterator, Dict, FrozenSet, Mapping, Optional
+
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ray_geolb.policy.canonical import PromptFormatError, canonical_text
+
+from .context import RequestContext
+from .errors import HEADER_PREFIX, GeoHTTPError, as_http_error
+
+__all__ = [
+    "ADMIN_TOKEN_HEADER", "CLIENT_GEOLB_HEADERS", "HEADER_PREFIX", "PUBLIC_RESPONSE_HEADERS", "OwnedStreamingResponse",
+    "PromptBody", "client_headers", "completion_response", "forbidden", "is_admin", "parse_allowed",
+    "parse_request", "response_headers", "sse_chunks", "usage", "validate_body",
+]
+
+ADMIN_TOKEN_HEADER = "x-geolb-admin-token"
+#: the only ``x-geolb-*`` request headers a client may send; every other one (hop count, origin, ...)
+#: is internal and dropped by :func:`client_headers` before anything reads or passes headers on
+CLIENT_GEOLB_HEADERS = frozenset({"x-geolb-max-wait-s"})
+#: response headers every client gets; the rest only with ``debug`` or the admin token
+PUBLIC_RESPONSE_HEADERS = ("region", "route", "origin")
+
+
+# ---------------------------------------------------------------------------------------------- requests
+class PromptBody(dict):
+    """The OpenAI body as sent to the model deployment: a dict that also answers ``.messages`` /
+    ``.prompt`` (Ray's PrefixCacheAffinityRouter looks for those attributes; canonical_text and
+    GeoPrefixRouter read it as a dict)."""
+
+    def __getattr__(self, name):
+        if name in ("messages", "prompt") and name in self:
+            return self[name]
+        raise AttributeError(name)
+
+    def __reduce__(self):
+        return (PromptBody, (dict(self),))
+
+
+def parse_allowed(value: Any, where: str) -> Optional[FrozenSet[str]]:
+    """``allowed_regions`` (a list, or a comma-separated string) as a set; None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, (list, tuple)):
+        items = value
+    else:
+        raise GeoHTTPError(400, f"{where} must be a list of region names or a comma-separated string",
+                           param="allowed_regions")
+    regions = []
+    for v in items:
+        if not isinstance(v, str) or not v.strip():
+            raise GeoHTTPError(400, f"{where} contains an empty or non-string region name: {v!r}",
+                               param="allowed_regions")
+        regions.append(v.strip())
+    if not regions:
+        raise GeoHTTPError(400, f"{where} is empty (omit it to allow every region)", param="allowed_regions")
+    return frozenset(regions)
+
+
+def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int, default_max_tokens: int):
+    """Parse and check an OpenAI body. Returns ``(PromptBody, text, stream, max_tokens, allowed)``."""
+    try:
+        body = json.loads(raw or b"")
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise GeoHTTPError(400, f"request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise GeoHTTPError(400, f"request body must be a JSON object, got {type(body).__name__}")
+    field = "messages" if kind == "chat" else "prompt"
+    if field not in body or body[field] is None:
+        raise GeoHTTPError(400, f"missing required field '{field}'", param=field)
+    if kind == "chat":
+        if not isinstance(body["messages"], list) or not body["messages"]:
+            raise GeoHTTPError(400, "'messages' must be a non-empty list of chat messages", param="messages")
+    model = body.get("model")
+    if model is not None and model != model_name:
+        raise GeoHTTPError(404, f"The model '{model}' does not exist; this endpoint serves '{model_name}'",
+                           type_="model_not_found", param="model")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise GeoHTTPError(400, f"'stream' must be a boolean, got {stream!r}", param="stream")
+    mt = body.get("max_tokens", body.get("max_completion_tokens"))
+    if mt is None:
+        mt = default_max_tokens
+    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
+        raise GeoHTTPError(400, f"'max_tokens' must be a positive integer, got {mt!r}", param="max_tokens")
+    if mt > max_tokens_limit:
+        raise GeoHTTPError(400, f"'max_tokens' {mt} exceeds the limit {max_tokens_limit}", param="max_tokens")
+    allowed = parse_allowed(body.pop("allowed_regions", None), "body field 'allowed_regions'")
+    try:
+        text = canonical_text(body)
+    except PromptFormatError as e:
+        raise GeoHTTPError(400, f"invalid '{field}': {e}", param=field) from None
+    return PromptBody(body), text, stream, mt, allowed
+
+
+def client_headers(headers) -> Dict[str, str]:
+    """The request headers a client may set, lower-cased: internal ``x-geolb-*`` headers (all but
+    :data:`CLIENT_GEOLB_HEADERS`) and the admin token are dropped, so nothing a client forges is read
+    as routing state or passed on to a replica or peer."""
+    out = {}
+    for k, v in headers.items():
+        k = k.lower()
+        if k.startswith(HEADER_PREFIX) and k not in CLIENT_GEOLB_HEADERS:
+            continue
+        out[k] = v
+    return out
+
+
+def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, origin: str,
+                  request_id: str) -> RequestContext:
+    """The context of a client's request: its body (:func:`validate_body`) and its headers
+    (``headers_in`` = :func:`client_headers`); ``cfg`` is the ``IngressConfig``. Raises
+    :class:`GeoHTTPError` (400/404) naming the problem."""
+    body, text, stream, max_tokens, allowed = validate_body(
+        raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens)
+    hdr = headers_in.get("x-allowed-regions")
+    if hdr is not None:
+        h_allowed = parse_allowed(hdr, "header x-allowed-regions")
+        allowed = h_allowed if allowed is None else (allowed & h_allowed)
+        if not allowed:
+            raise GeoHTTPError(400, "header x-allowed-regions and body allowed_regions have no region "
+                                    "in common", param="allowed_regions")
+    max_wait_s = None
+    mw = headers_in.get("x-geolb-max-wait-s")
+    if mw is not None:
+        try:
+            max_wait_s = float(mw)
+        except ValueError:
+            max_wait_s = float("nan")
+        if not (math.isfinite(max_wait_s) and max_wait_s >= 0):
+            raise GeoHTTPError(400, f"header x-geolb-max-wait-s must be a number >= 0, got {mw!r}",
+                               param="x-geolb-max-wait-s")
+    session = headers_in.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
+    return RequestContext(body=body, text=text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
+                          origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s)
+
+
+# ---------------------------------------------------------------------------------------------- the operator rule
+def is_admin(headers: Mapping[str, str], debug: bool, token: Optional[str]) -> bool:
+    """True if the request may see debug figures: ``debug`` is on, or it carries the admin token."""
+    if debug:
+        return True
+    got = headers.get(ADMIN_TOKEN_HEADER)
+    return bool(token) and got is not None and hmac.compare_digest(got.encode(), token.encode())
+
+
+def forbidden(what: str) -> Response:
+    return GeoHTTPError(403, f"{what} needs the admin token (header {ADMIN_TOKEN_HEADER}) or the "
+                             "ingress option debug=True", type_="forbidden").response()
+
+
+# ---------------------------------------------------------------------------------------------- responses
+def response_headers(meta: dict, debug: bool = False) -> dict:
+    h = {
+        HEADER_PREFIX + "region": str(meta.get("region")),
+        HEADER_PREFIX + "route": str(meta.get("route")),
+        HEADER_PREFIX + "origin": str(meta.get("origin") or ""),
+    }
+    if debug:  # per-request routing and cache figures: operators only (see IngressConfig.debug)
+        h[HEADER_PREFIX + "replica"] = str(meta.get("replica") or "")
+        h[HEADER_PREFIX + "reason"] = str(meta.get("reason") or "")
+        h[HEADER_PREFIX + "matched-prefix"] = str(int(meta.get("matched_prefix") or 0))
+        h[HEADER_PREFIX + "queue-wait-ms"] = f"{float(meta.get('queue_wait_ms') or 0.0):.1f}"
+    return h
+
+
+def usage(res: dict, debug: bool = False) -> dict:
+    pt = int(res.get("prompt_tokens") or 0)
+    ct = int(res.get("output_tokens") or 0)
+    u = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
+    if debug and res.get("cached_tokens") is not None:
+        u["prompt_tokens_details"] = {"cached_tokens": int(res["cached_tokens"])}
+    return u
+
+
+def _result_text(res: Any) -> str:
+    if isinstance(res, dict):
+        return str(res.get("text", ""))
+    return str(res)
+
+
+class OwnedStreamingResponse(StreamingResponse):
+    """A StreamingResponse that closes its token source (returning the request's slot) however the
+    response ends: finished, failed, or cancelled because the client went away -- also when the
+    body iterator was never started."""
+
+    def __init__(self, content, source, **kw):
+        super().__init__(content, **kw)
+        self._source = source
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._source.aclose()
+
+
+def completion_response(kind: str, meta: dict, out, stream: bool, debug: bool, *, model: str,
+                        region: str) -> Response:
+    """The response to a served request: the completion JSON, or (``stream``) SSE chunks of the token
+    stream ``out``, which the response closes however it ends."""
+    rid = "chatcmpl-" + uuid.uuid4().hex[:24] if kind == "chat" else "cmpl-" + uuid.uuid4().hex[:24]
+    created = int(time.time())
+    headers = response_headers(meta, debug)
+    if not stream:
+        text_out = _result_text(out)
+        if kind == "chat":
+            choice = {"index": 0, "message": {"role": "assistant", "content": text_out}, "finish_reason": "length"}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text_out, "logprobs": None, "finish_reason": "length"}
+            obj = "text_completion"
+        payload = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
+                   "usage": usage(out if isinstance(out, dict) else {}, debug)}
+        return JSONResponse(payload, headers=headers)
+    return OwnedStreamingResponse(sse_chunks(out, kind, rid, created, model, region), out,
+                                  media_type="text/event-stream", headers=headers)
+
+
+async def sse_chunks(tokens: AsyncIterator, kind: str, rid: str, created: int, model: str, region: str):
+    """The SSE events of a streamed completion; an error after the headers went out is reported
+    in-band (``{"error": ...}``), then ``[DONE]``."""
+    n = 0
+    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+    try:
+        async for tok in tokens:
+            if isinstance(tok, dict):  # a server may stream dict chunks
+                tok = tok.get("text", "")
+            if kind == "chat":
+                delta = {"content": str(tok)}
+                if n == 0:
+                    delta["role"] = "assistant"
+                choice = {"index": 0, "delta": delta, "finish_reason": None}
+            else:
+                choice = {"index": 0, "text": str(tok), "logprobs": None, "finish_reason": None}
+            n += 1
+            yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                                         "choices": [choice]}) + "\n\n"
+        last = ({"index": 0, "delta": {}, "finish_reason": "length"} if kind == "chat"
+                else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
+        yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
+                                     "choices": [last], "usage": {"completion_tokens": n}}) + "\n\n"
+    except Exception as e:  # noqa: BLE001 - headers are sent: report the error in-band
+        err = as_http_error(e, region)
+        msg = err.message if err is not None else f"{type(e).__name__}: {e}"
+        yield "data: " + json.dumps({"error": {"message": msg, "type": "stream_error"}}) + "\n\n"
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,162 @@
+"""The ingress's link to its peer regions: :class:`PeerMesh`.
+
+Background work only -- never on a request's path:
+
+* the peer table: a :class:`~ray_geolb.serve.registry.RegistryClient` heartbeats this region's figures
+  (:meth:`PeerMesh.heartbeat`) and hands back the registry's table, which becomes the
+  :class:`~ray_geolb.policy.region.router.RegionRouter`'s ``PeerState``s (``update_peer``);
+* RTT probes: every ``rtt_probe_period_s`` each peer ingress is pinged through the injected
+  inter-region latency and the sample goes to ``RegionRouter.observe_rtt`` -- the region layer's one
+  RTT estimate, reported to the registry with the heartbeat and read back as ``PeerState.rtt_s``;
+* the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry with
+  the heartbeat at most every ``snapshot_period_s`` after it changed, sent again if the registry
+  restarted, and reloaded from it once when this ingress restarts.
+
+It also hands out the peers' ingress handles for forwards, and the :class:`LatencyInjector` of the
+inter-region hops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ray import serve
+
+from ray_geolb.policy.region import PeerState, RegionRouter
+from ray_geolb.serve.latency import LatencyInjector
+from ray_geolb.serve.registry import RegistryClient, peer_states_from_table
+
+from .config import INGRESS_DEPLOYMENT, IngressConfig
+
+logger = logging.getLogger("ray.serve")
+
+__all__ = ["PeerMesh"]
+
+PING_TIMEOUT_S = 5.0
+
+
+class PeerMesh:
+    """Peer handles, RTT probes, heartbeats and the snapshot mirror of one region's ingress.
+
+    ``router`` is the ingress's RegionRouter (the peer table, the RTT estimate and the snapshot are
+    its state; the mesh changes them only through its methods). ``local_report()`` returns this
+    region's heartbeat figures: ``available_replicas``, ``queue_len`` and the cost selector's
+    ``extra`` (may be empty). ``on_peers_changed()`` is called after each new peer table."""
+
+    def __init__(self, cfg: IngressConfig, source: str, router: RegionRouter, local_report: Callable[[], dict],
+                 on_peers_changed: Callable[[], None], clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.region = cfg.region
+        self.source = source
+        self.router = router
+        self._local_report = local_report
+        self._on_peers_changed = on_peers_changed
+        self._clock = clock
+        self.latency = LatencyInjector.from_spec(cfg.latency)
+        self.registry: Optional[RegistryClient] = None
+        self.snapshot_loaded = False
+        self._handles: Dict[str, Any] = {}
+        self._snapshot_dirty = False
+        self._snapshot_version = 0
+        self._snapshot_sent_at = 0.0
+        self._tasks: List[asyncio.Task] = []
+        for peer in cfg.peers:  # known but unheard: unavailable until a heartbeat says otherwise
+            router.update_peer(PeerState(peer, 0, 0, float("-inf")))
+
+    def start(self) -> None:
+        """Start the registry link and the RTT probes (on the running event loop)."""
+        cfg = self.cfg
+        loop = asyncio.get_running_loop()
+        if cfg.registry is not None:
+            r = cfg.registry
+            self.registry = RegistryClient(self.region, self.source, self.heartbeat, self._on_table,
+                                           name=r.name, namespace=r.namespace, period_s=r.period_s,
+                                           timeout_s=r.timeout_s, registry_config=r.config)
+            self.registry.start()
+            self._tasks.append(loop.create_task(self._load_snapshot()))
+        if cfg.peers:
+            self._tasks.append(loop.create_task(self._probe_loop()))
+
+    # ------------------------------------------------------------ peers
+    def handle(self, region: str):
+        """The ingress handle of peer ``region`` (created once; KeyError for an unknown region)."""
+        h = self._handles.get(region)
+        if h is None:
+            h = serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name=self.cfg.peers[region],
+                                            _check_exists=False)
+            self._handles[region] = h
+        return h
+
+    def snapshot_changed(self) -> None:
+        """The regional snapshot changed (a forward): mirror it with a coming heartbeat."""
+        self._snapshot_dirty = True
+
+    def status(self) -> Optional[dict]:
+        """The registry link's status, or None without a registry."""
+        return None if self.registry is None else self.registry.status()
+
+    # ------------------------------------------------------------ registry
+    def heartbeat(self) -> dict:
+        """This region's heartbeat: its figures, its measured RTTs, and its snapshot when due."""
+        rep = self._local_report()
+        hb = {"region": self.region, "source": self.source, "available_replicas": rep["available_replicas"],
+              "queue_len": rep["queue_len"], "rtts": self.router.measured_rtts()}
+        if rep.get("extra"):
+            hb["extra"] = rep["extra"]
+        now = self._clock()
+        if self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s:
+            self._snapshot_version += 1
+            hb["snapshot"] = self.router.snapshot.snapshot()
+            hb["snapshot_version"] = self._snapshot_version
+            self._snapshot_sent_at = now
+            self._snapshot_dirty = False
+        return hb
+
+    def _on_table(self, table: dict, received_at: float) -> None:
+        for ps in peer_states_from_table(table, received_at, self.region):
+            if ps.region in self.cfg.peers:
+                self.router.update_peer(ps)
+        if self.region not in table.get("snapshot_versions", {}) and self.router.snapshot.num_nodes:
+            self._snapshot_dirty = True  # the registry restarted: send our snapshot again
+        self._on_peers_changed()
+
+    async def _load_snapshot(self) -> None:
+        """A restarted ingress reloads its regional snapshot from the registry (once)."""
+        for _ in range(40):
+            snap = await self.registry.fetch_snapshot(self.region)
+            if snap is not None:
+                if self.router.snapshot.num_nodes == 0:
+                    try:
+                        self.router.snapshot.load_snapshot(snap)
+                        self.snapshot_loaded = True
+                    except (ValueError, KeyError, TypeError) as e:
+                        logger.warning("ignoring registry snapshot for %s: %s", self.region, e)
+                return
+            if self.registry.connected:
+                return  # reachable, nothing stored
+            await asyncio.sleep(0.5)
+
+    # ------------------------------------------------------------ RTT probes
+    async def _probe_loop(self) -> None:
+        while True:
+            for peer in list(self.cfg.peers):
+                try:
+                    await self._probe(peer)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # noqa: BLE001 - a peer that does not answer simply has no RTT
+                    pass
+            await asyncio.sleep(self.cfg.rtt_probe_period_s)
+
+    async def _probe(self, peer: str) -> None:
+        """One RTT sample to ``peer`` (through the injected latency), fed to ``RegionRouter.observe_rtt``."""
+        if peer not in self._handles:  # warm-up call: the first one pays handle setup
+            await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
+        t0 = self._clock()
+        await self.latency.hop(self.region, peer)
+        await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
+        await self.latency.hop(peer, self.region)
+        self.router.observe_rtt(peer, self._clock() - t0)

@@ -1,0 +1,398 @@
+"""The core request path of one region's ingress: :class:`RequestPath` -- everything except HTTP, so
+the FastAPI deployment and the peer handle calls drive the same code.
+
+For each request (a :class:`~.context.RequestContext`):
+
+1. **Decide** with :class:`ray_geolb.policy.region.router.RegionRouter` (the same policy core and the
+   same :func:`canonical_text` as the simulator): *local* while this region has an available replica
+   (:class:`~.local_view.LocalView`), else *forward* to the best available peer region's ingress
+   (regional snapshot: longest prefix already forwarded there, ties by measured RTT; or the 'cost'
+   selector), else *hold*.
+2. **Hold** in the :class:`~.admission.AdmissionQueue` (FCFS, bounded, time-limited).
+3. **Run locally** on the model deployment, or **forward** (at most one hop): a forwarded request
+   arrives at the peer's ``forwarded`` / ``forwarded_stream`` with ``hops=1`` and is never forwarded
+   again -- if the peer is full it waits in the peer's queue. The forward is recorded in this
+   region's snapshot (mirrored to the registry by the :class:`~.peers.PeerMesh`). Inter-region
+   latency is injected around the hop (``latency.py``). An unreachable peer is marked so
+   (``RegionRouter.mark_unreachable``) and the request decided again.
+
+Capacity is owned, not caught: the local slot a request takes is a :class:`~.local_view.LocalSlot`
+and a streamed response is a :class:`~.streams.TokenStream` closed in the ``finally`` of whatever
+consumes it, so a client leaving at any point returns everything; :meth:`RequestPath.accounting`
+reads it all back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from typing import Any, Callable, Hashable, Optional
+
+from ray import serve
+
+from ray_geolb.policy.base import RouteRequest
+from ray_geolb.policy.canonical import canonical_text
+from ray_geolb.policy.region import CostSelector, RegionDecision, RegionRouter
+
+from .admission import AdmissionQueue
+from .config import IngressConfig
+from .context import RequestContext
+from .errors import ForwardFailed, GeoHTTPError, as_http_error
+from .local_view import LocalView, geo_router_of
+from .openai import PromptBody
+from .peers import PeerMesh
+from .streams import NO_TOKEN, TokenStream, aclose_quietly, cancel_quietly
+
+logger = logging.getLogger("ray.serve")
+
+__all__ = ["COUNTERS", "RequestPath"]
+
+_now = time.monotonic
+
+#: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
+#: wait_timeout are the admission queue's)
+COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
+            "errors", "forward_failures", "bad_requests", "decide_errors")
+#: forward attempts per request (each failed one excludes its peer until that peer's next heartbeat)
+FORWARD_ATTEMPTS = 3
+
+
+def _replica_source(region: str) -> str:
+    """``region/replica id`` of this ingress replica (a random id outside a Serve replica)."""
+    try:
+        return f"{region}/{serve.get_replica_context().replica_id.unique_id}"
+    except Exception:  # noqa: BLE001 - not in a replica
+        return f"{region}/{uuid.uuid4().hex[:8]}"
+
+
+class RequestPath:
+    """One region's ingress without HTTP (see the module docstring). Owns the RegionRouter, the
+    decision counters and the three parts it drives: the local view, the admission queue and the
+    peer mesh. ``model`` is the model deployment's handle; ``geo_router`` (default: that deployment's
+    router in this process) returns the GeoPrefixRouter or None. Call :meth:`start` on the event loop
+    to start the background work (registry, RTT probes)."""
+
+    def __init__(self, config: Any, model: Any = None, *, geo_router: Optional[Callable[[], Any]] = None,
+                 source: Optional[str] = None):
+        cfg = config if isinstance(config, IngressConfig) else IngressConfig.model_validate(config or {})
+        self.cfg = cfg
+        self.region = cfg.region
+        self.model = model
+        self.local = LocalView(cfg.local_availability, geo_router or geo_router_of(model))
+        self.router = RegionRouter(cfg.two_layer_config(), self.local, clock=_now)
+        self.admission = AdmissionQueue(cfg, self.decide, clock=_now)
+        self.peers = PeerMesh(cfg, source or _replica_source(self.region), self.router, self.local_report,
+                              self.admission.kick_all, clock=_now)
+        self.counts = {k: 0 for k in COUNTERS if k not in self.admission.counts}
+        self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
+
+    def start(self) -> None:
+        self.peers.start()
+
+    @property
+    def counters(self) -> dict:
+        """Every counter of this ingress (a copy; the admission queue keeps its own)."""
+        both = {**self.counts, **self.admission.counts}
+        return {k: both[k] for k in COUNTERS}
+
+    def note_bad_request(self) -> None:
+        self.counts["bad_requests"] += 1
+
+    # ------------------------------------------------------------ the region layer
+    def decide(self, rreq: RouteRequest, waiting: Optional[Hashable] = None) -> RegionDecision:
+        """``RegionRouter.decide`` with this LB's queue ahead set (``waiting``: the request's key in the
+        admission queue; None: a newcomer). The local policy is read live from the router's thread: a
+        read racing a mutation raises (e.g. a dict resized during iteration), so retry; if it keeps
+        failing, decide by local availability alone (never fail the request on the region layer's
+        estimate)."""
+        err = None
+        for _ in range(3):
+            try:
+                if self.router.selector is not None:
+                    self.set_queue_ahead(waiting)
+                d = self.router.decide(rreq, _now())
+                if d.kind != "local":
+                    k = f"{d.kind}:{d.reason}"
+                    self.decisions[k] = self.decisions.get(k, 0) + 1
+                return d
+            except Exception as e:  # noqa: BLE001
+                err = e
+        self.counts["decide_errors"] += 1
+        logger.warning("region %s: decide failed 3 times (%r); deciding by local availability", self.region, err)
+        if self.local.local_available() > 0:
+            return RegionDecision("local", None, 0, "local_available")
+        return RegionDecision("hold", reason="decide_error")
+
+    def set_queue_ahead(self, waiting: Optional[Hashable]) -> None:
+        """Tell the region layer what waits at this LB *ahead of* the request being decided (its
+        ``Q_lb``): the router's queue (already sent to the model handle) and the requests before it in
+        the admission queue (``waiting`` None: a newcomer, behind all of them). The simulator does the
+        same with its single LB queue (nothing ahead of its head)."""
+        n, tok = self.admission.ahead(waiting)
+        self.router.set_queue(n + self.local.router_queue_len(), tok + self.local.router_queued_tokens())
+
+    def lb_queue_len(self) -> int:
+        """Requests waiting at this LB: the admission queue + the GeoPrefixRouter's queue."""
+        return len(self.admission) + self.local.router_queue_len()
+
+    def lb_queued_tokens(self) -> float:
+        """Prompt tokens waiting at this LB: the admission queue + the GeoPrefixRouter's queue."""
+        return float(self.admission.tokens) + self.local.router_queued_tokens()
+
+    def heartbeat_extra(self) -> dict:
+        """This region's cost-selector inputs for its peers, as the simulator's ``RegionRouter.heartbeat``
+        computes them over the live local policy: ``replicas``, ``inflight`` (this router's requests in
+        flight), ``t_p_s`` (the pooled t_p, floor applied) and ``queued_tokens`` (this LB's queue).
+        Empty until the GeoPrefixRouter exists (nothing to report)."""
+        if self.local.policy() is None:
+            return {}
+        sel = self.router.selector or CostSelector()
+        for _ in range(3):
+            try:
+                return sel.heartbeat_extra(self.router, self.lb_queued_tokens())
+            except Exception:  # noqa: BLE001 - a racing read: try again, else send none this time
+                continue
+        return {}
+
+    def local_report(self) -> dict:
+        """This region's figures for its heartbeat (:meth:`PeerMesh.heartbeat`)."""
+        return {"available_replicas": self.local.local_available(), "queue_len": self.lb_queue_len(),
+                "extra": self.heartbeat_extra()}
+
+    def local_done(self) -> None:
+        """A local request left its replica (done, failed or cancelled): a slot freed. Feeds the
+        region layer's drain-rate estimate (``RegionRouter.on_local_complete``, as the simulator does)."""
+        self.router.on_local_complete(_now())
+        self.admission.kick()
+
+    def local_drain_rate(self, now: Optional[float] = None) -> Optional[float]:
+        """Local requests finishing per second, as the 'cost' selector measures them
+        (``CostSelectorConfig.drain_window_s`` / ``drain_min_samples``; None: unknown, or no 'cost'
+        selector). While the region is saturated this is the rate at which its engine slots free up."""
+        sel = self.router.selector
+        return None if sel is None else sel.drain.rate(_now() if now is None else now)
+
+    def slot_wait_s(self, ahead: int, now: Optional[float] = None) -> float:
+        """Expected wait for a local engine slot of a request with ``ahead`` requests before it at
+        this LB: ``(ahead + 1) / drain rate`` (0 if unknown) -- the term the selector adds (times q̂)
+        to staying when ``stay_slot_wait`` is on and no local replica is available."""
+        rate = self.local_drain_rate(now)
+        return 0.0 if not rate else (max(0, ahead) + 1) / rate
+
+    # ------------------------------------------------------------ requests
+    async def process(self, ctx: RequestContext):
+        """Route and run one request. Returns ``(meta, result_dict)`` or ``(meta, TokenStream)``."""
+        self.counts["requests"] += 1
+        if ctx.allowed is not None:
+            unknown = ctx.allowed - set(self.cfg.peers) - {self.region}
+            if unknown:
+                raise GeoHTTPError(400, f"allowed_regions names unknown region(s) {sorted(unknown)}; "
+                                        f"regions: {sorted(set(self.cfg.peers) | {self.region})}",
+                                   param="allowed_regions")
+        rreq = ctx.route_request()
+        excluded: set = set()
+        for _ in range(FORWARD_ATTEMPTS):
+            t0 = _now()
+            d = await self.admission.admit(rreq, ctx.max_wait_s)
+            wait_ms = ctx.waited_ms + (_now() - t0) * 1000.0
+            if d.kind == "reject":
+                self.counts["rejected"] += 1
+                raise GeoHTTPError(403, f"region {self.region} cannot serve this request: {d.reason}",
+                                   type_="region_not_allowed", param="allowed_regions", region=self.region)
+            if d.kind == "local":
+                self.counts["local"] += 1
+                return await self._run_local(ctx, d, wait_ms)
+            try:
+                return await self._forward(ctx, rreq, d, wait_ms)
+            except ForwardFailed as e:
+                # The peer ingress is unreachable: mark it unavailable and decide again (never lose it).
+                self.counts["forward_failures"] += 1
+                logger.warning("forward %s -> %s failed (%s); re-deciding", self.region, d.target, e)
+                self.router.mark_unreachable(d.target)  # PeerState changes only through RegionRouter
+                excluded.add(d.target)
+        raise GeoHTTPError(503, f"region {self.region}: forwarding failed to {sorted(excluded)}",
+                           type_="forward_failed", retry_after_s=self.cfg.retry_after_s, region=self.region)
+
+    async def forwarded(self, body: dict, fmeta: dict, *, stream: bool):
+        """A request forwarded by a peer region (hops >= 1: it is never forwarded again)."""
+        self.counts["forwarded_in"] += 1
+        body = PromptBody(body)
+        return await self.process(RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream))
+
+    def _model_error(self, e: Exception) -> Optional[GeoHTTPError]:
+        """The HTTP error a model call's failure maps to, or None (then it is counted in ``errors``)."""
+        err = as_http_error(e, self.region)
+        if err is None:
+            self.counts["errors"] += 1
+        return err
+
+    async def _run_local(self, ctx: RequestContext, d: RegionDecision, wait_ms: float):
+        """Run a request on this region's model deployment. The local slot it takes (the request id in
+        the view's ``unrouted`` set until the router places it, then :meth:`local_done` when it leaves)
+        is owned by a :class:`LocalSlot` and returned on every path, cancellation included."""
+        slot = self.local.take_slot(ctx.request_id, self.local_done)
+        if ctx.stream:
+            return await self._run_local_stream(ctx, d, wait_ms, slot)
+        try:
+            res = await self.model.remote(ctx.body, max_tokens=ctx.max_tokens)
+        except Exception as e:
+            err = self._model_error(e)
+            if err is not None:
+                raise err from None
+            raise
+        finally:
+            slot.release()
+        return self._local_meta(ctx, d, wait_ms, res), res
+
+    async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
+        gen = None
+        try:
+            gen = self.model.options(stream=True).generate.remote(ctx.body, max_tokens=ctx.max_tokens)
+            try:
+                first = await gen.__anext__()
+            except StopAsyncIteration:
+                first = NO_TOKEN
+        except BaseException as e:  # CancelledError too: the client left before the first token
+            cancel_quietly(gen)
+            slot.release()
+            if isinstance(e, Exception):
+                err = self._model_error(e)
+                if err is not None:
+                    raise err from None
+            raise
+        slot.routed()
+        try:
+            meta = self._local_meta(ctx, d, wait_ms)
+        except BaseException:
+            cancel_quietly(gen)
+            slot.release()
+            raise
+        return meta, TokenStream(gen, first, on_close=slot.release)
+
+    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, result=None) -> dict:
+        info = self.local.decision(ctx.request_id)
+        meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
+                "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
+        if info:
+            meta["replica"] = info.get("replica")
+            meta["reason"] = info.get("reason") or d.reason
+            meta["matched_prefix"] = int(info.get("matched") or 0)
+            meta["queue_wait_ms"] = wait_ms + 1000.0 * float(info.get("queue_wait_s") or 0.0)
+        if meta["replica"] is None and isinstance(result, dict):
+            meta["replica"] = result.get("replica")
+        return meta
+
+    async def _forward(self, ctx: RequestContext, rreq: RouteRequest, d: RegionDecision, wait_ms: float):
+        """Send the request to peer ``d.target``'s ingress (one hop). Raises :class:`ForwardFailed` if the
+        peer cannot be reached, or the peer's :class:`GeoHTTPError`."""
+        peer = d.target
+        self.router.on_forward(rreq, peer, _now())
+        self.peers.snapshot_changed()
+        # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
+        # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
+        self.router.note_forward(peer)
+        self.counts["forwarded_out"] += 1
+        fmeta = ctx.wire(wait_ms, d)
+        try:
+            h = self.peers.handle(peer)
+        except Exception as e:  # noqa: BLE001
+            raise ForwardFailed(str(e)) from None
+        latency = self.peers.latency
+        await latency.hop(self.region, peer)
+        if ctx.stream:
+            return await self._forward_stream(h, peer, ctx, fmeta, d)
+        try:
+            meta, res = await asyncio.wait_for(h.forwarded.remote(dict(ctx.body), fmeta), self.cfg.forward_timeout_s)
+        except Exception as e:
+            await latency.hop(peer, self.region)
+            err = as_http_error(e, peer)
+            if err is not None:
+                raise err from None
+            raise ForwardFailed(f"{type(e).__name__}: {e}") from None
+        await latency.hop(peer, self.region)
+        return _forward_meta(meta, d), res
+
+    async def _forward_stream(self, h, peer: str, ctx: RequestContext, fmeta: dict, d: RegionDecision):
+        gen = h.options(stream=True).forwarded_stream.remote(dict(ctx.body), fmeta)
+        relay = self.peers.latency.relay(gen, peer, self.region)
+        try:
+            meta = await relay.__anext__()
+        except BaseException as e:  # CancelledError too: the peer must stop working on it
+            await aclose_quietly(relay)
+            cancel_quietly(gen)
+            if not isinstance(e, Exception):
+                raise
+            err = as_http_error(e, peer)
+            if err is not None:
+                raise err from None
+            raise ForwardFailed(f"{type(e).__name__}: {e}") from None
+
+        async def close():
+            cancel_quietly(gen)
+            await aclose_quietly(relay)
+
+        return _forward_meta(meta, d), TokenStream(relay, NO_TOKEN, on_close=close)
+
+    # ------------------------------------------------------------ inspection
+    def accounting(self) -> dict:
+        """What requests hold at this LB right now, ingress and router (leak checks; a handle call,
+        not HTTP). Idle: every count 0 (see :meth:`GeoPrefixRouter.accounting`)."""
+        out = {"ingress_queue": len(self.admission), "ingress_queue_tokens": self.admission.tokens}
+        out.update(self.local.accounting())
+        return out
+
+    def available_peers(self) -> list:
+        """Peer regions a request could be forwarded to now, sorted."""
+        return sorted(self.router.available_peers(_now()))
+
+    def state(self) -> dict:
+        """The ``/v1/geolb/state`` payload (operators only): the peer table, the region layer's last
+        comparison, queues, counters and the configuration (never the admin token)."""
+        now = _now()
+        router, sel = self.router, self.router.selector
+        costs = None
+        if sel is not None:
+            costs = {("stay" if k is None else k): (v if math.isfinite(v) else None) for k, v in sel.last_costs.items()}
+        used_rtt = getattr(sel, "last_rtts", None)
+        return {
+            "region": self.region,
+            "source": self.peers.source,
+            "local_available": self.local.local_available(),
+            "router_present": self.local.router_present(),
+            "queue_len": len(self.admission),
+            "lb_queue_len": self.lb_queue_len(),
+            "available_peers": self.available_peers(),
+            "peers": {r: _peer_state(ps, now) for r, ps in router.peers.items()},
+            "measured_rtt_ms": {p: round(v * 1000, 2) for p, v in router.measured_rtts().items()},
+            "remote": router.config.remote,
+            "lb_queued_tokens": self.lb_queued_tokens(),
+            "heartbeat_extra": self.heartbeat_extra(),
+            "last_costs_s": costs,  # the 'cost' selector's last comparison (stay = hold here)
+            "last_cost_rtts_ms": None if used_rtt is None else {p: round(v * 1000, 2) for p, v in used_rtt.items()},
+            "last_slot_wait_s": getattr(sel, "last_slot_wait_s", None),  # the stay cost's slot wait (before q̂)
+            "snapshot_nodes": router.snapshot.num_nodes,
+            "snapshot_loaded_from_registry": self.peers.snapshot_loaded,
+            "registry": self.peers.status(),
+            "counters": self.counters,
+            "decisions": dict(self.decisions),
+            "config": self.cfg.model_dump(exclude={"admin_token"}),
+        }
+
+
+def _forward_meta(meta: dict, d: RegionDecision) -> dict:
+    meta = dict(meta)
+    meta["route"] = "forwarded"
+    meta["forward_reason"] = d.reason
+    return meta
+
+
+def _peer_state(ps, now: float) -> dict:
+    """A peer's row in the state payload."""
+    age = now - ps.timestamp
+    return {"available_replicas": ps.available_replicas, "queue_len": ps.queue_len,
+            "age_s": None if math.isinf(age) else round(age, 3),
+            "rtt_ms": None if ps.rtt_s is None else round(ps.rtt_s * 1000, 2),
+            "extra": {k: v for k, v in (ps.extra or {}).items() if isinstance(v, (int, float)) and math.isfinite(v)}}

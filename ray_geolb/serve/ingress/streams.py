@@ -1,0 +1,77 @@
+"""Streams that own what their request holds.
+
+A streamed response is a :class:`TokenStream`, closed in the ``finally`` of whatever consumes it
+(the HTTP response, a peer's relay), so a client leaving at any point -- before its first token,
+while streaming, while held here or in the router -- returns everything. ``asyncio.CancelledError``
+is not an ``Exception``: nothing here owns accounting with ``except Exception``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+__all__ = ["NO_TOKEN", "TokenStream", "aclose_quietly", "cancel_quietly"]
+
+#: "no first token yet" (a stream whose first token has not been read ahead)
+NO_TOKEN = object()
+
+
+def cancel_quietly(gen) -> None:
+    """Cancel a Ray streaming response (anything with ``cancel()``; other objects are left alone)."""
+    cancel = getattr(gen, "cancel", None)
+    if cancel is not None:
+        try:
+            cancel()
+        except Exception:  # noqa: BLE001 - already finished or gone
+            pass
+
+
+async def aclose_quietly(agen) -> None:
+    try:
+        await agen.aclose()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+class TokenStream:
+    """The tokens of a streamed request, as an async iterator that owns what the request holds.
+
+    ``aclose()`` (idempotent) stops the source (a Ray streaming response or a relay) and calls
+    ``on_close`` once -- the ingress calls it from the ``finally`` of whatever consumes the stream
+    (the HTTP response, a peer's relay), so a client that leaves at any point returns the slot. It
+    is a class rather than an async generator function because a generator that is never started
+    never runs its ``finally``."""
+
+    def __init__(self, source, first=NO_TOKEN, on_close=None):
+        self._source = source
+        self._first = first
+        self._on_close = on_close
+        self._closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._closed:
+            raise StopAsyncIteration
+        if self._first is not NO_TOKEN:
+            tok, self._first = self._first, NO_TOKEN
+            return tok
+        try:
+            return await self._source.__anext__()
+        except BaseException:  # StopAsyncIteration (done), errors, cancellation: release now
+            await self.aclose()
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        cb, self._on_close = self._on_close, None
+        try:
+            cancel_quietly(self._source)  # a Ray streaming response: the replica stops working on it
+        finally:
+            if cb is not None:
+                r = cb()
+                if asyncio.iscoroutine(r):
+                    await r
