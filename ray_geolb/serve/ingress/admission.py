@@ -115,12 +115,21 @@ class AdmissionQueue:
             ev.clear()
             # the head re-decides every poll_s; the others when the peer table changes (kick_all)
             timeout = cfg.poll_s if self.queue.is_head(ev) else max(cfg.poll_s, BEHIND_HEAD_POLL_S)
-            try:
-                await asyncio.wait_for(ev.wait(), min(remaining, timeout))
-            except asyncio.TimeoutError:
-                pass
+            await _wake_or_timeout(ev, min(remaining, timeout))
             d = self._decide(rreq, ev)
             if d.kind != "hold" and (self.queue.is_head(ev) or d.kind != "local"):
                 return d
             if d.kind == "hold":
                 reason = d.reason
+
+
+async def _wake_or_timeout(ev: asyncio.Event, timeout: float) -> None:
+    """Wait until ``ev`` is set or ``timeout`` s pass (the timer sets ``ev``). Not
+    ``asyncio.wait_for(ev.wait(), timeout)``: on Python <= 3.11 that returns normally -- swallowing the
+    task's cancellation -- when the event is set in the same loop turns as the client's cancellation
+    arrives, and the abandoned request would wait on until its deadline."""
+    timer = asyncio.get_running_loop().call_later(timeout, ev.set)
+    try:
+        await ev.wait()
+    finally:
+        timer.cancel()
