@@ -1,0 +1,259 @@
+"""GeoPrefixRouter's requests and what each one holds, from its first ``choose_replicas`` call to its
+completion (one owner for all of it, so every path that ends a request returns everything):
+
+* an **entry** (:class:`Entry`): the request as the policy sees it (a ``RouteRequest``), from the first
+  ``choose_replicas`` call until Ray confirms it routed (or it is dropped);
+* a **reservation** on the policy's load tracker, taken when ``choose_replicas`` picks a replica, so
+  two requests routed before the first is acknowledged do not both see the same headroom;
+* a place in the **FCFS hold queue** (``policy.hold_queue.HoldQueue``, prompt tokens summed) while
+  selective pushing holds it, with a wake-up event its routing task sleeps on;
+* an **in-flight** record once routed (confirmed by ``on_request_routed``), until
+  ``on_request_completed``;
+* a line in the bounded **decision log** (which replica, why, matched prefix, wait), read by the
+  region ingress for its response.
+
+:meth:`RequestBook.forget` drops every trace of a request that will not be routed (failed, cancelled,
+timed out); :meth:`RequestBook.completed` ends one that was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from typing import Any, Dict, Optional
+
+from ray_geolb.policy import RouteRequest, canonical_text
+from ray_geolb.policy.canonical import PromptFormatError
+from ray_geolb.policy.hold_queue import HoldQueue
+
+__all__ = ["Entry", "RequestBook", "extract_prompt_text"]
+
+
+def extract_prompt_text(args, kwargs) -> Optional[str]:
+    """Canonical text of a Serve call's prompt, or None if there is none we understand.
+
+    First positional argument with ``.messages`` / ``.prompt`` (Ray Serve LLM's
+    ChatCompletionRequest / CompletionRequest), a plain string, or a dict body; else keyword
+    arguments ``body`` / ``request`` / ``prompt`` / ``messages``.
+    """
+    cands = []
+    if args:
+        cands.append(args[0])
+    if kwargs:
+        for k in ("body", "request", "prompt_or_body", "prompt"):
+            if k in kwargs:
+                cands.append(kwargs[k])
+        if "messages" in kwargs:
+            cands.append({"messages": kwargs["messages"]})
+    for c in cands:
+        if isinstance(c, (str, bytes, dict)) or hasattr(c, "messages") or hasattr(c, "prompt"):
+            try:
+                return canonical_text(c)
+            except PromptFormatError:
+                continue
+    return None
+
+
+class Entry:
+    """A request ``choose_replicas`` has seen and that is not yet confirmed routed."""
+
+    __slots__ = ("req", "pr", "created", "target", "matched", "reason", "fallback", "wake", "task")
+
+    def __init__(self, req: RouteRequest, pr, created: float):
+        self.req = req
+        self.pr = pr
+        self.created = created
+        self.target: Optional[str] = None  # reserved replica (unique_id)
+        self.matched = 0
+        self.reason = ""
+        self.fallback = False
+        self.wake: Optional[asyncio.Event] = None
+        self.task = None
+
+
+def _entry_tokens(ent: Entry) -> int:
+    return ent.req.prompt_tokens
+
+
+class RequestBook:
+    """See the module docstring. Runs on the router's event loop; the read-only counts (``len``,
+    ``held.tokens``) may be read from other threads."""
+
+    def __init__(self, policy, region: Optional[str], counters: Dict[str, int], decision_log_size: int):
+        self.policy = policy
+        self.region = region
+        self.counters = counters
+        self.entries: Dict[str, Entry] = {}
+        # held requests, FCFS by internal id, with their prompt-token sum (the region layer's Q_lb)
+        self.held: "HoldQueue[str, Entry]" = HoldQueue(_entry_tokens)
+        self._task_iid: Dict[Any, str] = {}
+        self.inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest)
+        self.decisions: "OrderedDict[str, dict]" = OrderedDict()
+        self._decision_log_size = int(decision_log_size)
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+
+    # ------------------------------------------------------------ entries and reservations
+    def entry_for(self, pr) -> Entry:
+        """The request's entry, made on its first call; a retry's earlier reservation is undone."""
+        ent = self.entries.get(pr.metadata.internal_request_id)
+        if ent is None:
+            return self.new_entry(pr)
+        if ent.target is not None:  # retried (rejected, or Ray could not use our pick): undo
+            self.unreserve(ent)
+        return ent
+
+    def new_entry(self, pr) -> Entry:
+        md = pr.metadata
+        text = extract_prompt_text(pr.args, pr.kwargs)
+        if text is None:
+            self.counters["no_prompt"] += 1
+            text = ""
+        req = RouteRequest(request_id=md.internal_request_id, text=text,
+                           session_key=getattr(md, "session_id", None) or None, region=self.region)
+        ent = Entry(req, pr, pr.created_at)
+        self.entries[md.internal_request_id] = ent
+        return ent
+
+    def reserve(self, ent: Entry, decision, now: float) -> None:
+        """The policy picked ``decision.target`` for this request: count it there until routed."""
+        self.policy.tracker.on_dispatch(decision.target, ent.req.request_id, now, tokens=ent.req.prompt_tokens)
+        ent.target, ent.matched, ent.reason, ent.fallback = decision.target, decision.matched, decision.reason, False
+
+    def unreserve(self, ent: Entry) -> None:
+        if ent.target is not None:
+            self.policy.tracker.on_complete(ent.req.request_id, ent.target, time.time())
+            ent.target = None
+
+    def forget(self, iid: str) -> None:
+        """Drop every trace of a request that will not be routed (failed, cancelled, timed out)."""
+        ent = self.entries.pop(iid, None)
+        was_head = self.held.is_head(iid)
+        self.unhold(iid, ent)
+        if ent is not None:
+            self.unreserve(ent)
+        if was_head:
+            self.wake_head()
+
+    # ------------------------------------------------------------ the FCFS hold queue
+    def is_head(self, iid: str) -> bool:
+        """True when nothing older than ``iid`` is held (requests already gone are dropped first)."""
+        if self.held:
+            self.purge_head()
+        return not self.held or self.held.head()[0] == iid
+
+    def hold(self, ent: Entry, iid: str) -> None:
+        if self.held.append(iid, ent):
+            self.counters["held"] += 1
+        if ent.wake is None:
+            ent.wake = asyncio.Event()
+        task = asyncio.current_task()
+        if task is not None and ent.task is not task:
+            if ent.task is not None:
+                self._task_iid.pop(ent.task, None)
+            ent.task = task
+            self._task_iid[task] = iid
+
+    def unhold(self, iid: str, ent: Optional[Entry]) -> None:
+        self.held.remove(iid)
+        if ent is not None and ent.task is not None:
+            self._task_iid.pop(ent.task, None)
+            ent.task = None
+
+    def release_head(self, iid: str, ent: Entry) -> None:
+        """A held request got a replica: it leaves the queue and the next one is woken."""
+        if iid in self.held:
+            self.unhold(iid, ent)
+            self.wake_head()
+
+    def purge_head(self) -> None:
+        held = self.held
+        while held:
+            iid, ent = held.head()
+            if not ent.pr.future.done():
+                return
+            self.forget(iid)
+
+    def wake_head(self) -> None:
+        """Set the head's event (from any thread) so its routing task tries again now."""
+        self.purge_head()
+        if not self.held:
+            return
+        ent = self.held.head()[1]
+        if ent.wake is None:
+            return
+        loop = self.loop
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if loop is None or running is loop:
+            ent.wake.set()
+        else:
+            loop.call_soon_threadsafe(ent.wake.set)
+
+    def wake_event(self, task) -> Optional[asyncio.Event]:
+        """The wake-up event of the held request whose routing task is ``task`` (None: not held)."""
+        iid = self._task_iid.get(task)
+        ent = self.entries.get(iid) if iid is not None else None
+        return None if ent is None else ent.wake
+
+    # ------------------------------------------------------------ routed and completed
+    def routed(self, pr, target: str, local: bool, now: float, policy_name: str) -> None:
+        """Ray confirmed the request on ``target``: the entry becomes an in-flight record."""
+        md = pr.metadata
+        iid = md.internal_request_id
+        ent = self.entries.pop(iid, None)
+        if ent is None:
+            ent = self.new_entry(pr)
+            self.entries.pop(iid, None)
+        if iid in self.held:
+            self.unhold(iid, ent)
+        if ent.target is not None and ent.target != target:
+            self.unreserve(ent)
+        if local:
+            self.policy.on_dispatch(ent.req, target, now)
+            self.inflight[iid] = (target, ent.req)
+        self.counters["routed"] += 1
+        self._log_decision(md, iid, {
+            "replica": target,
+            "matched": ent.matched if ent.target == target else 0,
+            "reason": ent.reason if ent.target == target or ent.fallback else "ray_reassigned",
+            "queue_wait_s": max(0.0, now - pr.created_at),
+            "region": self.region,
+            "policy": policy_name,
+            "fallback": ent.fallback,
+            "request_id": md.request_id,
+            "internal_request_id": iid,
+        })
+
+    def _log_decision(self, md, iid: str, rec: dict) -> None:
+        dec = self.decisions
+        dec[iid] = rec
+        if md.request_id and md.request_id != iid:
+            dec[md.request_id] = rec
+        while len(dec) > self._decision_log_size:
+            dec.popitem(last=False)
+
+    def completed(self, iid: str, replica_uid: str) -> None:
+        """The request left ``replica_uid`` (done, failed, cancelled, or rejected before acceptance)."""
+        x = self.inflight.pop(iid, None)
+        if x is not None:
+            target, req = x
+            self.policy.on_complete(iid, target, time.time(), req=req)
+        else:
+            # Never accepted: the replica rejected it (Ray routes it again and choose_replicas makes a
+            # new entry), or the caller went away after the replica was chosen and before it answered
+            # (Ray cancels the send). Either way the entry and its reservation go -- unless a retry
+            # already reserved another replica for it.
+            ent = self.entries.get(iid)
+            if ent is not None and ent.target in (None, replica_uid):
+                self.forget(iid)
+        if self.held:
+            self.wake_head()
+
+    def drop_replica(self, uid: str) -> None:
+        """A replica died: its in-flight records go (Ray will not report their completion)."""
+        for iid, (t, _req) in list(self.inflight.items()):
+            if t == uid:
+                del self.inflight[iid]
