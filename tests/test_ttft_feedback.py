@@ -119,11 +119,11 @@ def test_router_feeds_reported_samples_once_per_report():
 def test_router_queued_tokens_view():
     r = _NoRayRouter.make()
     assert r.queued_tokens() == 0.0
-    from ray_geolb.serve.router import _Entry
+    from ray_geolb.serve.request_book import Entry
 
     for i, n in enumerate((100, 300)):
         req = RouteRequest(request_id=f"h{i}", text="y" * 4 * n)
-        r._held[req.request_id] = _Entry(req, None, 0.0)
+        r.book.held[req.request_id] = Entry(req, None, 0.0)
     r._pending_requests_by_id = {"h0": 1, "h1": 1, "unseen": 1}  # Ray's pending queue: one not yet seen
     assert r.queued_tokens() == pytest.approx(400 + r.policy.mean_prompt_tokens)
 

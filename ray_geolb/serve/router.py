@@ -382,10 +382,14 @@ class GeoPrefixRouter(RequestRouter):
             await asyncio.sleep(delay)
             return
         if not ev.is_set():
+            # a timer sets the event rather than asyncio.wait_for(ev.wait(), delay): on Python 3.11,
+            # wait_for drops the task's cancellation when the event is set in the same loop turn,
+            # and a cancelled routing task must stop (the caller is gone)
+            timer = asyncio.get_running_loop().call_later(delay, ev.set)
             try:
-                await asyncio.wait_for(ev.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
+                await ev.wait()
+            finally:
+                timer.cancel()
         ev.clear()
 
     # ------------------------------------------------------------------ utilities
