@@ -99,7 +99,7 @@ def test_conversation_affinity(cluster):
     # conversations spread over replicas (no herding on the shared system prompt)
     assert len({v[0] for v in landed.values()}) >= 3, landed
     # decision metadata: later turns matched their conversation's prefix
-    later = [d for d in r._decisions.values() if d["matched"] > len(sys_prompt)]
+    later = [d for d in r.book.decisions.values() if d["matched"] > len(sys_prompt)]
     assert later, "no decision recorded a matched prefix longer than the system prompt"
     assert r.counters["internal_errors"] == 0
     serve.delete("aff")
