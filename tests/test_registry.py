@@ -7,7 +7,8 @@ import pytest
 
 from ray_geolb.policy.prefix_index import PrefixIndex
 from ray_geolb.serve.latency import LatencyInjector
-from ray_geolb.serve.registry import RegistryClient, RegistryState, peer_states_from_table, trim_snapshot
+from ray_geolb.serve.registry import RegistryState, trim_snapshot
+from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
 
 
 class FakeClock:

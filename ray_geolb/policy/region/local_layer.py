@@ -6,7 +6,7 @@ implement it:
 
 * every :class:`~ray_geolb.policy.base.Policy` (the simulator hands its RegionRouter the policy
   itself); the base class gives the documented defaults, the cost policies override them;
-* the Serve ingress's local view (``_LocalView`` in ``ray_geolb/serve/ingress.py``), which answers
+* the Serve ingress's local view (``LocalView`` in ``ray_geolb/serve/ingress/local_view.py``), which answers
   ``choose`` from the model deployment's router availability and delegates everything else to that
   router's live policy.
 
@@ -27,7 +27,7 @@ __all__ = ["LocalLoad", "LocalLayer"]
 
 @runtime_checkable
 class LocalLoad(Protocol):
-    """Load of the local replicas (a ``LoadTracker``, or the ingress's ``_TrackerView``)."""
+    """Load of the local replicas (a ``LoadTracker``, or the ingress's ``TrackerView``)."""
 
     @property
     def available(self) -> Collection[Hashable]:

@@ -27,7 +27,7 @@ from ray import serve
 
 from ray_geolb.policy.region import PeerState, RegionRouter
 from ray_geolb.serve.latency import LatencyInjector
-from ray_geolb.serve.registry import RegistryClient, peer_states_from_table
+from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
 
 from .config import INGRESS_DEPLOYMENT, IngressConfig
 

@@ -1,0 +1,212 @@
+"""The registry client each region's ingress runs (the registry itself: ``registry.py``).
+
+:class:`RegistryClient` runs in each ingress process: one background asyncio task sends this region's
+heartbeat (plus RTTs and, when changed, the snapshot) in one batched call and gets the peer table back
+in the reply, every ``period_s``. Nothing on the request path ever waits for it. Every call has a
+timeout; while the registry is unreachable the last table is kept, and its entries age (their
+timestamps are "when we heard it", minus the age the registry reported), so after
+``TwoLayerConfig.peer_stale_s`` every peer is stale and the region routes locally -- degraded, never
+stopped. After ``reresolve_after`` failed calls the client re-resolves the named actor (creating it
+again if it is gone for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Optional
+
+from ray_geolb.serve.registry import (DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_registry, logger,
+                                      validate_extra)
+
+__all__ = ["RegistryClient", "peer_states_from_table"]
+
+
+class RegistryClient:
+    """Background heartbeat + peer-table refresh for one ingress (see the module docstring).
+
+    ``provider()`` returns this source's heartbeat fields: ``available_replicas``, ``queue_len`` and
+    optionally ``rtts`` ({peer: seconds}) and ``snapshot`` / ``snapshot_version`` (send them only when
+    changed). ``on_table(table, received_at)`` is called with each table, ``received_at`` on this
+    process's monotonic clock.
+    """
+
+    def __init__(
+        self,
+        region: str,
+        source: str,
+        provider: Callable[[], dict],
+        on_table: Callable[[dict, float], None],
+        *,
+        name: str = DEFAULT_NAME,
+        namespace: str = DEFAULT_NAMESPACE,
+        period_s: float = 0.25,
+        timeout_s: float = 1.0,
+        reresolve_after: int = 2,
+        create_if_missing: bool = True,
+        registry_config: Optional[dict] = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if not (isinstance(period_s, (int, float)) and period_s > 0):
+            raise ValueError(f"period_s must be > 0, got {period_s!r}")
+        if not (isinstance(timeout_s, (int, float)) and timeout_s > 0):
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
+        self.region = region
+        self.source = source
+        self.provider = provider
+        self.on_table = on_table
+        self.name = name
+        self.namespace = namespace
+        self.period_s = float(period_s)
+        self.timeout_s = float(timeout_s)
+        self.reresolve_after = max(1, int(reresolve_after))
+        self.create_if_missing = create_if_missing
+        self.registry_config = registry_config
+        self._clock = clock
+        self._handle = None
+        self._task: Optional[asyncio.Task] = None
+        self.last_ok: Optional[float] = None
+        self.last_table: Optional[dict] = None
+        self.consecutive_failures = 0
+        self.failures = 0
+        self.successes = 0
+        self.resolves = 0
+        self.last_error: Optional[str] = None
+
+    # ------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        t, self._task = self._task, None
+        if t is not None:
+            t.cancel()
+            try:
+                await t
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    @property
+    def connected(self) -> bool:
+        return self.consecutive_failures == 0 and self.last_ok is not None
+
+    def status(self) -> dict:
+        now = self._clock()
+        return {
+            "connected": self.connected,
+            "since_last_ok_s": None if self.last_ok is None else round(now - self.last_ok, 3),
+            "successes": self.successes,
+            "failures": self.failures,
+            "resolves": self.resolves,
+            "last_error": self.last_error,
+        }
+
+    # ------------------------------------------------------------ calls
+    async def _resolve(self):
+        import ray
+
+        loop = asyncio.get_running_loop()
+
+        def get():
+            if self.create_if_missing:
+                return get_or_create_registry(self.name, self.namespace, self.registry_config)
+            return ray.get_actor(self.name, namespace=self.namespace)
+
+        # get_actor / actor creation are blocking GCS calls: keep them off the event loop.
+        handle = await asyncio.wait_for(loop.run_in_executor(None, get), self.timeout_s * 5)
+        self.resolves += 1
+        return handle
+
+    async def call(self, method: str, *args):
+        """One registry call with a timeout (resolving the actor first if needed)."""
+        if self._handle is None:
+            self._handle = await self._resolve()
+        ref = getattr(self._handle, method).remote(*args)
+        try:
+            return await asyncio.wait_for(ref, self.timeout_s)
+        except asyncio.TimeoutError:
+            import ray
+
+            ray.cancel(ref)  # best effort; never blocks
+            raise
+
+    async def tick(self) -> bool:
+        """One heartbeat + table refresh. Returns True on success. Never raises (except cancel)."""
+        try:
+            hb = dict(self.provider())
+            hb.setdefault("region", self.region)
+            hb.setdefault("source", self.source)
+            table = await self.call("heartbeat_batch", [hb])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - unreachable/restarting registry: degrade, retry
+            self.failures += 1
+            self.consecutive_failures += 1
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            if self.consecutive_failures % self.reresolve_after == 0:
+                self._handle = None  # re-resolve the named actor (it may have been re-created)
+            if self.consecutive_failures in (1, 10) or self.consecutive_failures % 100 == 0:
+                logger.warning("registry unreachable from %s (%d failures in a row): %s",
+                               self.source, self.consecutive_failures, self.last_error)
+            return False
+        received = self._clock()
+        self.successes += 1
+        self.consecutive_failures = 0
+        self.last_ok = received
+        self.last_table = table
+        try:
+            self.on_table(table, received)
+        except Exception:  # noqa: BLE001
+            logger.exception("on_table callback failed")
+        return True
+
+    async def _run(self) -> None:
+        while True:
+            t0 = self._clock()
+            await self.tick()
+            await asyncio.sleep(max(0.0, self.period_s - (self._clock() - t0)))
+
+    async def fetch_snapshot(self, region: str) -> Optional[dict]:
+        """The region's mirrored snapshot, or None (unreachable or none stored)."""
+        try:
+            return await self.call("snapshot", region)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            self.last_error = f"{type(e).__name__}: {e}"[:300]
+            return None
+
+
+def peer_states_from_table(table: dict, received_at: float, own_region: str):
+    """``PeerState`` objects for every other region of a registry table.
+
+    ``timestamp`` = ``received_at - age_s`` on the caller's clock; ``rtt_s`` = what *this* region
+    measured to the peer (``rtts[own][peer]``), else the peer's measurement back, else None.
+    """
+    from ray_geolb.policy.region.router import PeerState
+
+    rtts = table.get("rtts", {})
+    mine = rtts.get(own_region, {})
+    out = []
+    for region, e in table.get("regions", {}).items():
+        if region == own_region:
+            continue
+        rtt = mine.get(region)
+        if rtt is None:
+            rtt = rtts.get(region, {}).get(own_region)
+        extra = {"sources": e.get("sources", 0)}
+        ex = e.get("extra")
+        if ex:
+            try:
+                ex = validate_extra(ex, f"registry table regions[{region!r}].extra")
+            except ValueError as err:  # a registry of another version: use the rest of the entry
+                logger.warning("ignoring %s", err)
+                ex = {}
+            if isinstance(ex.get("replicas"), float) and ex["replicas"].is_integer():
+                ex["replicas"] = int(ex["replicas"])  # the cost selector reads it as a count
+            extra.update(ex)
+        out.append(PeerState(region=region, available_replicas=int(e["available_replicas"]),
+                             queue_len=int(e["queue_len"]), timestamp=received_at - float(e["age_s"]),
+                             rtt_s=rtt, extra=extra))
+    return out
