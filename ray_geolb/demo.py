@@ -361,6 +361,35 @@ async def _warmup(base: str, regions: List[str], wait_peers: bool, admin_token: 
                 await asyncio.sleep(0.25)
 
 
+def _check_args(args) -> Optional[str]:
+    """The first problem with the command line, as an error message (None: fine)."""
+    routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    bad = [r for r in routers if r not in ROUTER_LABELS]
+    if bad or not routers:
+        return f"--routers: unknown {bad}; choose from {','.join(ROUTER_LABELS)}"
+    regions = list(args.replicas)
+    if any(n < 1 for n in args.replicas.values()):
+        return f"--replicas: every region needs >= 1 replica, got {args.replicas}"
+    for name, d in (("--conv-clients", args.conv_clients), ("--tot-clients", args.tot_clients)):
+        extra = set(d) - set(regions)
+        if extra:
+            return f"{name} names regions {sorted(extra)} that have no replicas ({regions})"
+    if args.duration <= 0 or args.max_tokens < 1 or args.max_num_seqs < 1:
+        return "--duration, --max-tokens and --max-num-seqs must be positive"
+    return None
+
+
+def _write_outputs(rows: List[dict], args, out: Path) -> None:
+    print("\n" + format_table(rows) + "\n", flush=True)
+    (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "admin_token"},
+                                               "rows": rows}, indent=2, default=str))
+    if not args.no_plot:
+        reps = ", ".join(f"{r} {n}" for r, n in args.replicas.items())
+        p = plot(rows, out / "demo.png", f"ray_geolb demo: replicas {reps}; clients conv {args.conv_clients}, "
+                                         f"ToT {args.tot_clients}; emulated engines x{args.time_scale:g}")
+        _say(f"wrote {p}" if p else "matplotlib not installed: no PNG")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     import logging
@@ -368,26 +397,14 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     # the region ingresses' operator token for this run (the demo reads /v1/geolb/state with it)
     args.admin_token = secrets.token_hex(16)
-
     for name in ("httpx", "httpcore"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    err = _check_args(args)
+    if err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
-    bad = [r for r in routers if r not in ROUTER_LABELS]
-    if bad or not routers:
-        print(f"error: --routers: unknown {bad}; choose from {','.join(ROUTER_LABELS)}", file=sys.stderr)
-        return 2
     regions = list(args.replicas)
-    if any(n < 1 for n in args.replicas.values()):
-        print(f"error: --replicas: every region needs >= 1 replica, got {args.replicas}", file=sys.stderr)
-        return 2
-    for name, d in (("--conv-clients", args.conv_clients), ("--tot-clients", args.tot_clients)):
-        extra = set(d) - set(regions)
-        if extra:
-            print(f"error: {name} names regions {sorted(extra)} that have no replicas ({regions})", file=sys.stderr)
-            return 2
-    if args.duration <= 0 or args.max_tokens < 1 or args.max_num_seqs < 1:
-        print("error: --duration, --max-tokens and --max-num-seqs must be positive", file=sys.stderr)
-        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -419,16 +436,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         for router in routers:
             rows.append(run_router(router, args, base, workloads))
             _say(f"{rows[-1]['label']}: {rows[-1]['ok']} ok, {rows[-1]['errors']} errors")
-        table = format_table(rows)
-        print("\n" + table + "\n", flush=True)
-        (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "admin_token"},
-                                                   "rows": rows},
-                                                  indent=2, default=str))
-        if not args.no_plot:
-            reps = ", ".join(f"{r} {n}" for r, n in args.replicas.items())
-            p = plot(rows, out / "demo.png", f"ray_geolb demo: replicas {reps}; clients conv {args.conv_clients}, "
-                                             f"ToT {args.tot_clients}; emulated engines x{args.time_scale:g}")
-            _say(f"wrote {p}" if p else "matplotlib not installed: no PNG")
+        _write_outputs(rows, args, out)
         _say(f"wrote {out / 'demo.json'}; total {time.monotonic() - t_start:.0f} s")
         return 0
     except KeyboardInterrupt:

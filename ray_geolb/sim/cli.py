@@ -73,11 +73,20 @@ def _parse_counts(parser, flag: str, spec: str):
 
 
 def _build_runs(args, parser) -> List[dict]:
-    from ray_geolb.policy.factory import policy_names
+    """The run dicts the command line asks for (a named scenario, or systems x seeds on one workload);
+    every bad argument is an argparse error naming the flag."""
+    _check_numbers(args, parser)
+    seeds = _seeds(args, parser)
+    deploy_over = {k: v for k, v in (("profile", args.profile), ("stats_period_s", args.stats_period),
+                                     ("stats_lag_s", args.stats_lag), ("heartbeat_s", args.heartbeat))
+                   if v is not None and (k != "profile" or v)}
+    if args.scenario:
+        return _scenario_runs(args, parser, seeds, deploy_over)
+    return _workload_runs(args, parser, seeds, deploy_over)
 
-    from .deploy import SYSTEMS
+
+def _check_numbers(args, parser) -> None:
     from ray_geolb.engine.profiles import PROFILES
-    from .scenarios import build_workload, scenario_runs
 
     if args.duration is not None and not args.duration > 0:
         parser.error(f"--duration must be > 0, got {args.duration}")
@@ -94,42 +103,46 @@ def _build_runs(args, parser) -> List[dict]:
         parser.error(f"--stats-lag must be >= 0, got {args.stats_lag}")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         parser.error(f"--data-dir {args.data_dir!r} is not a directory")
-    seeds = [args.seed]
-    if args.seeds:
-        try:
-            seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        except ValueError:
-            parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-        if not seeds:
-            parser.error("--seeds: no seed given")
-    deploy_over = {}
-    if args.profile:
-        deploy_over["profile"] = args.profile
-    if args.stats_period is not None:
-        deploy_over["stats_period_s"] = args.stats_period
-    if args.stats_lag is not None:
-        deploy_over["stats_lag_s"] = args.stats_lag
-    if args.heartbeat is not None:
-        deploy_over["heartbeat_s"] = args.heartbeat
 
-    if args.scenario:
-        runs = []
-        for seed in seeds:
-            try:
-                rs = scenario_runs(args.scenario, scale=args.scale, duration_s=args.duration, seed=seed,
-                                   profile=args.profile, data_dir=args.data_dir)
-            except ValueError as e:
-                parser.error(f"--scenario {args.scenario}: {e}")
-            for r in rs:
-                r["deploy"].update(deploy_over)
-                if args.max_programs:
-                    r["sim"]["max_programs"] = args.max_programs
-                if args.drain:
-                    r["sim"]["drain"] = True
-                if len(seeds) > 1:
-                    r["label"] = f"seed{seed}/{r['label']}"
-            runs.extend(rs)
-        return runs
+
+def _seeds(args, parser) -> List[int]:
+    if not args.seeds:
+        return [args.seed]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not seeds:
+        parser.error("--seeds: no seed given")
+    return seeds
+
+
+def _scenario_runs(args, parser, seeds: List[int], deploy_over: dict) -> List[dict]:
+    from .scenarios import scenario_runs
+
+    runs = []
+    for seed in seeds:
+        try:
+            rs = scenario_runs(args.scenario, scale=args.scale, duration_s=args.duration, seed=seed,
+                               profile=args.profile, data_dir=args.data_dir)
+        except ValueError as e:
+            parser.error(f"--scenario {args.scenario}: {e}")
+        for r in rs:
+            r["deploy"].update(deploy_over)
+            if args.max_programs:
+                r["sim"]["max_programs"] = args.max_programs
+            if args.drain:
+                r["sim"]["drain"] = True
+            if len(seeds) > 1:
+                r["label"] = f"seed{seed}/{r['label']}"
+        runs.extend(rs)
+    return runs
+
+
+def _systems(args, parser) -> List[str]:
+    from ray_geolb.policy.factory import policy_names
+
+    from .deploy import SYSTEMS
 
     systems = [s.strip() for s in args.policy.split(",") if s.strip()]
     if not systems:
@@ -139,13 +152,10 @@ def _build_runs(args, parser) -> List[dict]:
         if s not in SYSTEMS and s not in known_pol:
             parser.error(f"--policy: unknown system or policy {s!r}; systems: {_names_help()}; "
                          f"policies: {', '.join(sorted(known_pol))}")
-    replicas = _parse_counts(parser, "--regions", args.regions)
-    from ray_geolb.engine.network import RegionNetwork
+    return systems
 
-    net_regions = RegionNetwork.default().regions
-    bad = [r for r in replicas if r not in net_regions]
-    if bad:
-        parser.error(f"--regions: unknown region(s) {bad}; the default network has {net_regions}")
+
+def _workload_kwargs(args, parser, replicas: dict, net_regions) -> dict:
     kw = {}
     wname = args.workload
     if args.clients:
@@ -164,6 +174,22 @@ def _build_runs(args, parser) -> List[dict]:
         kw.setdefault("num_replicas", sum(replicas.values()))
         if "clients" in kw:
             parser.error("--clients does not apply to prefix-repetition (its concurrency is 32 per replica)")
+    return kw
+
+
+def _workload_runs(args, parser, seeds: List[int], deploy_over: dict) -> List[dict]:
+    from ray_geolb.engine.network import RegionNetwork
+
+    from .scenarios import build_workload
+
+    systems = _systems(args, parser)
+    replicas = _parse_counts(parser, "--regions", args.regions)
+    net_regions = RegionNetwork.default().regions
+    bad = [r for r in replicas if r not in net_regions]
+    if bad:
+        parser.error(f"--regions: unknown region(s) {bad}; the default network has {net_regions}")
+    kw = _workload_kwargs(args, parser, replicas, net_regions)
+    wname = args.workload
     runs = []
     duration = args.duration if args.duration is not None else 120.0
     for seed in seeds:
