@@ -1,11 +1,11 @@
 """ray_geolb.policy must stay a pure core: no Ray import, even indirectly."""
 
 import ast
-import pathlib
 import subprocess
 import sys
+from repo import REPO
 
-POLICY = pathlib.Path(__file__).resolve().parents[1] / "ray_geolb" / "policy"
+POLICY = REPO / "ray_geolb" / "policy"
 
 
 def test_no_ray_import_in_source():

@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -27,6 +26,7 @@ from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E
 from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
+from repo import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -419,7 +419,7 @@ def test_locustfile_runs_headless_against_the_region_endpoints(geo, tmp_path):
     asyncio.run(wait_idle(geo))
     prefix = tmp_path / "locust"
     env = dict(os.environ, GEOLB_MAX_TOKENS="8", GEOLB_TURNS="3")
-    locustfile = Path(__file__).resolve().parents[1] / "examples" / "locustfile.py"
+    locustfile = REPO / "examples" / "locustfile.py"
     p = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(locustfile), "--host", geo, "--headless", "-u", "5", "-r", "5",
          "-t", "8s", "--csv", str(prefix), "--only-summary"],

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -12,6 +11,7 @@ from ray_geolb.sim.deploy import SYSTEMS, register_system
 from ray_geolb.sim.metrics import dumps
 from ray_geolb.sim.scenarios import run_one, scenario_names, scenario_runs
 from ray_geolb.sim.sweep import grid, run_many
+from repo import REPO
 
 
 def _parse(argv):
@@ -134,7 +134,7 @@ def test_sweep_on_ray_equals_sequential(tmp_path):
     from ray_geolb.serve.local import start_local_ray
 
     start_local_ray(num_cpus=2, prefix="rsw",
-                    runtime_env={"env_vars": {"PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}})
+                    runtime_env={"env_vars": {"PYTHONPATH": str(REPO)}})
     try:
         par = run_many(runs, ray=True, progress=False)  # uses the running local cluster
     finally:

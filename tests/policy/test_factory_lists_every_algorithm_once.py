@@ -3,14 +3,14 @@
 
 import importlib
 import inspect
-import pathlib
 
 import pytest
 
 from ray_geolb.policy import Policy, build_policy, policy_class, policy_names
 from ray_geolb.policy.factory import POLICY_CLASSES, UnknownPolicyError
+from repo import REPO
 
-ALGORITHMS = pathlib.Path(__file__).resolve().parents[1] / "ray_geolb" / "policy" / "algorithms"
+ALGORITHMS = REPO / "ray_geolb" / "policy" / "algorithms"
 
 
 def _algorithm_classes():

@@ -3,15 +3,15 @@ every policy and by the Serve ingress's local view), one peer selector per ``Two
 PeerState changed only through RegionRouter, and the one RTT estimate the router owns."""
 
 import ast
-import pathlib
 import typing
 
 import pytest
 
 from ray_geolb.policy import POLICY_CLASSES, PeerState, RegionRouter, ReplicaStats, RouteRequest, TwoLayerConfig, build_policy
 from ray_geolb.policy.region import PEER_SELECTORS, CostSelector, LocalLayer, LocalLoad, PeerSelector
+from repo import REPO
 
-REGION = pathlib.Path(__file__).resolve().parents[1] / "ray_geolb" / "policy" / "region"
+REGION = REPO / "ray_geolb" / "policy" / "region"
 
 
 @pytest.mark.parametrize("name", sorted(POLICY_CLASSES))

@@ -1,11 +1,11 @@
 """ray_geolb.engine stands beside sim/ and serve/: it imports neither of them, nor Ray."""
 
 import ast
-import pathlib
 import subprocess
 import sys
+from repo import REPO
 
-ENGINE = pathlib.Path(__file__).resolve().parents[1] / "ray_geolb" / "engine"
+ENGINE = REPO / "ray_geolb" / "engine"
 FORBIDDEN = ("ray", "ray_geolb.sim", "ray_geolb.serve")
 
 

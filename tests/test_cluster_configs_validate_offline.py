@@ -9,12 +9,12 @@ providers need credentials there). Region labels -- in ``available_node_types.*.
 import copy
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 import yaml
+from repo import REPO
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "cluster_configs"
+CONFIG_DIR = REPO / "cluster_configs"
 YAMLS = sorted(CONFIG_DIR.glob("*.yaml"))
 REGION_KEY = "ray.io/availability-region"
 

@@ -191,7 +191,7 @@ def test_preemption_under_kv_pressure_recompute_no_lost_request():
     eng = make(num_gpu_blocks=24)
     for i in range(4):
         eng.add_request(EngineRequest(f"r{i}", 16, 100), 0.0)
-    now, first, fin, ntok = 0.0, {}, {}, {}
+    now, fin, ntok = 0.0, {}, {}
     preempted = []
     while eng.has_work():
         out = eng.step(now)
