@@ -1,6 +1,6 @@
 """Router overhead benchmark on a real local Ray Serve deployment (one run, four routers).
 
-    /work/venv/bin/python benchmarks/bench_router.py [--requests 600] [--concurrency 16] [--replicas 8]
+    python benchmarks/bench_router.py [--requests 600] [--concurrency 16] [--replicas 8]
 
 For each router -- GeoPrefixRouter with its default policy (GeoPrefix) and with policy skylb, Ray's
 PrefixCacheAffinityRouter and Ray's default PowerOfTwoChoicesRequestRouter -- it deploys 8 replicas of a light deployment (answers at once),

@@ -13,6 +13,7 @@ requests in flight; peak RSS is read from ``resource.getrusage`` (ru_maxrss, KiB
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import resource
 import sys
@@ -133,8 +134,11 @@ def main(argv=None):
         import cProfile
         import pstats
 
-        cProfile.runctx("bench12(['skylb'], workloads[:1], a.duration)", globals(), locals(), "/tmp/bench_sim.prof")
-        pstats.Stats("/tmp/bench_sim.prof").sort_stats("tottime").print_stats(25)
+        import tempfile
+
+        prof = os.path.join(tempfile.mkdtemp(prefix="bench_sim_"), "bench_sim.prof")
+        cProfile.runctx("bench12(['skylb'], workloads[:1], a.duration)", globals(), locals(), prof)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
         return 0
     bench12([s for s in a.systems.split(",") if s], workloads, a.duration)
     if a.big:

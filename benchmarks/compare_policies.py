@@ -2,8 +2,8 @@
 
 One command::
 
-    /work/venv/bin/python benchmarks/compare_policies.py --out out/compare          # default size (~minutes)
-    /work/venv/bin/python benchmarks/compare_policies.py --full --ray --out out/full  # paper size
+    python benchmarks/compare_policies.py --out out/compare          # default size (~minutes)
+    python benchmarks/compare_policies.py --full --ray --out out/full  # paper size
 
 runs every system (``SYSTEMS`` below) on the same seeds (default 0,1) over
 
@@ -243,7 +243,7 @@ def main(argv=None) -> int:
     agg = aggregate(results, keys)
     tab = tables(agg, scenarios)
     ver, vdata = verdict(agg, scenarios)
-    cmd = "/work/venv/bin/python benchmarks/compare_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = "python benchmarks/compare_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## compare_policies\n\ncommand: `{cmd}`\n\n{len(runs)} runs, seeds {seeds}, "
             f"{sum(m['counters']['requests_completed'] for m in results)} simulated requests, {wall:.0f} s wall\n"
             f"{tab}\n\n### Verdict (GeoPrefix = ours)\n\n{ver}")

@@ -1,7 +1,7 @@
 """Our simulator's ratios next to the papers' claims (SkyLB Fig. 8 / 9 / 10, Ray Serve prefix-router blog).
 
-    /work/venv/bin/python benchmarks/paper_repro.py --out out/paper_repro          # default size
-    /work/venv/bin/python benchmarks/paper_repro.py --full --out out/paper_repro    # paper durations
+    python benchmarks/paper_repro.py --out out/paper_repro          # default size
+    python benchmarks/paper_repro.py --full --out out/paper_repro    # paper durations
 
 For each claim: the paper's number, ours (mean over ``--seeds``), the exact scenario command that
 produces the underlying runs, and a line "reproduced / not reproduced" with the reason. Fig. 9 also

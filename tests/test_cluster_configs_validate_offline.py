@@ -1,6 +1,6 @@
 """The `ray up` YAMLs in cluster_configs/ validate offline (no cloud credentials, no SSH).
 
-As in /work/shared/notes/ray-up-multiregion.md: ``prepare_config`` then ``validate_config`` for every
+As in the project's notes on `ray up` across regions: ``prepare_config`` then ``validate_config`` for every
 YAML, plus ``commands._bootstrap_config(no_config_cache=True)`` for the local provider (the cloud
 providers need credentials there). Region labels -- in ``available_node_types.*.labels`` and in every
 ``ray start --labels=...`` -- are checked with Ray's own label-syntax validator.

@@ -89,7 +89,7 @@ def test_stat_logger_plugin_entry_point_is_discoverable():
     from ray_geolb.serve.stats_plugin import GeoStatLogger
 
     eps = [e for e in entry_points(group="vllm.stat_logger_plugins") if e.name == "ray_geolb"]
-    assert eps, "entry point missing: run `pip install -e /work/main`"
+    assert eps, "entry point missing: run `pip install -e .` in the repository"
     assert eps[0].load() is GeoStatLogger
     assert GeoStatLogger in load_stat_logger_plugin_factories()  # vLLM's own loader accepts it
 

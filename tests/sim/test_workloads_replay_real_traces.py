@@ -1,3 +1,4 @@
+import os
 import json
 from collections import Counter
 from pathlib import Path
@@ -8,8 +9,11 @@ from ray_geolb.sim.workloads import (COUNTRY_REGION, WORKLOAD_NAMES, Call, Progr
                                      fixture_path, load_gsm8k, load_servegen, load_sharegpt, load_wildchat,
                                      mixed_tot, prefix_repetition, servegen, tot, tot_size, trace)
 from ray_geolb.sim.workloads.datasets import DATA_DIR, FIXTURES
+from repo import REPO
 
-SHARED = Path("/work/shared/data")
+#: the full public traces the fixtures were cut from (optional: only the test that reads them skips without);
+#: $GEOLB_SHARED_DATA, else a shared/data folder beside the checkout
+SHARED = Path(os.environ.get("GEOLB_SHARED_DATA") or REPO.parent / "shared" / "data")
 
 
 def _common_prefix(a: str, b: str) -> int:
