@@ -131,12 +131,15 @@ def main(argv=None):
             rows.append(row)
             print(f"  done {label} x {n_targets} targets", file=sys.stderr)
     print("\nDecision latency (match + pick + insert), microseconds")
-    hdr = f"{'prompt':>6} {'targets':>7} {'n':>5} | {'ours p50':>9} {'ours p99':>9} | {'ray p50':>9} {'ray p99':>9} | {'x p50':>6} {'x mean':>6}"
+    hdr = (f"{'prompt':>6} {'targets':>7} {'n':>5} | {'ours p50':>9} {'ours p99':>9} | "
+           f"{'ray p50':>9} {'ray p99':>9} | {'x p50':>6} {'x mean':>6}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
-        rp = f"{r['ray_p50_us']:9.1f} {r['ray_p99_us']:9.1f} | {r['speedup_p50']:6.1f} {r['speedup_mean']:6.1f}" if "ray_p50_us" in r else f"{'-':>9} {'-':>9} | {'-':>6} {'-':>6}"
-        print(f"{r['prompt']:>6} {r['targets']:>7} {r['n']:>5} | {r['ours_p50_us']:9.1f} {r['ours_p99_us']:9.1f} | {rp}")
+        rp = (f"{r['ray_p50_us']:9.1f} {r['ray_p99_us']:9.1f} | {r['speedup_p50']:6.1f} {r['speedup_mean']:6.1f}"
+              if "ray_p50_us" in r else f"{'-':>9} {'-':>9} | {'-':>6} {'-':>6}")
+        print(f"{r['prompt']:>6} {r['targets']:>7} {r['n']:>5} | "
+              f"{r['ours_p50_us']:9.1f} {r['ours_p99_us']:9.1f} | {rp}")
     mem = memory_per_million_chars(make_prompts(300, 32_000, seed=9), 16)
     print("\nIndex memory per million stored characters (32k prompts, 16 targets):")
     for k, v in mem.items():

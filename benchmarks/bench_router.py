@@ -3,9 +3,9 @@
     python benchmarks/bench_router.py [--requests 600] [--concurrency 16] [--replicas 8]
 
 For each router -- GeoPrefixRouter with its default policy (GeoPrefix) and with policy skylb, Ray's
-PrefixCacheAffinityRouter and Ray's default PowerOfTwoChoicesRequestRouter -- it deploys 8 replicas of a light deployment (answers at once),
-sends 600 requests at concurrency 16 through a DeploymentHandle from this process (so the router runs
-here), and reports:
+PrefixCacheAffinityRouter and Ray's default PowerOfTwoChoicesRequestRouter -- it deploys 8 replicas of
+a light deployment (answers at once), sends 600 requests at concurrency 16 through a DeploymentHandle
+from this process (so the router runs here), and reports:
 
 * time inside ``choose_replicas`` + ``on_request_routed`` per request (sum over the calls of one
   request), p50 / p99, measured by thin timing subclasses with ``time.perf_counter``;
@@ -203,7 +203,8 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     p50, p99 = percentile(times_ms, (50, 99)) if times_ms else (nan, nan)
     cpu_p50, cpu_p99 = percentile(cpu_ms, (50, 99)) if cpu_ms else (nan, nan)
     return {
-        "router": label, "round": rnd, "load1": os.getloadavg()[0], "n_timed": len(times_ms), "p50_ms": p50, "p99_ms": p99,
+        "router": label, "round": rnd, "load1": os.getloadavg()[0], "n_timed": len(times_ms),
+        "p50_ms": p50, "p99_ms": p99,
         "cpu_p50_ms": cpu_p50, "cpu_p99_ms": cpu_p99,
         "mean_ms": statistics.fmean(times_ms) if times_ms else float("nan"),
         "rps": len(reqs) / wall, "affinity": hits / max(1, later), "warm": warm_hits / max(1, later),
@@ -237,12 +238,15 @@ def main():
     finally:
         serve.shutdown()
         ray.shutdown()
-    print(f"\nrouter benchmark: {args.replicas} replicas (light deployment, answers at once), {args.requests} requests, "
+    print(f"\nrouter benchmark: {args.replicas} replicas (light deployment, answers at once), "
+          f"{args.requests} requests, "
           f"concurrency {args.concurrency}, 32 groups x 4,000-char system prompt + ~28,000 unique chars, prompts "
-          + ("built before the run (--prebuilt-prompts)" if args.prebuilt_prompts else "built when each request is sent"))
+          + ("built before the run (--prebuilt-prompts)" if args.prebuilt_prompts
+             else "built when each request is sent"))
     print("light replicas report num_waiting=0, num_running=in-flight, max_num_seqs=256 (no KV fields); "
           "GeoPrefixRouter availability.max_burst=64, so SP-P headroom = min(64, 256 - running)")
-    hdr = f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} {'req/s':>8s} {'affinity':>8s} {'warm':>6s} {'load1':>6s}  per-replica counts"
+    hdr = (f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} "
+           f"{'req/s':>8s} {'affinity':>8s} {'warm':>6s} {'load1':>6s}  per-replica counts")
     print("times are per request, summed over its choose_replicas + on_request_routed calls; 'ms' = wall "
           "(perf_counter, includes GIL waits behind other threads of this process), 'cpu' = thread_time; "
           "load1 = the machine's 1-minute load average after the router's run (2 cores here)")
@@ -254,7 +258,8 @@ def main():
         print("-" * len(hdr))
         p2 = next(r for r in rows if r["router"].startswith("PowerOfTwo"))
         for r in rows:
-            print(f"{r['router']:28s} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['mean_ms']:8.3f} {r['cpu_p50_ms']:8.3f} {r['cpu_p99_ms']:8.3f} {r['rps']:8.1f} "
+            print(f"{r['router']:28s} {r['p50_ms']:8.3f} {r['p99_ms']:8.3f} {r['mean_ms']:8.3f} "
+                  f"{r['cpu_p50_ms']:8.3f} {r['cpu_p99_ms']:8.3f} {r['rps']:8.1f} "
                   f"{r['affinity']:8.3f} {r['warm']:6.3f} {r['load1']:6.1f}  {r['spread']} {r['extra']}")
         geo = [r for r in rows if r["router"].startswith("GeoPrefixRouter")]
         vs = {}

@@ -49,8 +49,10 @@ def bench12(systems, workloads, duration):
     tot_n = sum(r[2] for r in rows)
     tot_w = sum(r[3] for r in rows)
     tot_c = sum(r[7] for r in rows)
-    print(f"ALL 12-replica runs: {tot_n} requests in {tot_w:.1f} s wall = {60 * tot_n / tot_w:,.0f} simulated requests/min "
-          f"({60 * tot_n / max(tot_c, 1e-9):,.0f} per CPU-minute: wall rates drop when other processes load the machine)")
+    print(f"ALL 12-replica runs: {tot_n} requests in {tot_w:.1f} s wall = "
+          f"{60 * tot_n / tot_w:,.0f} simulated requests/min "
+          f"({60 * tot_n / max(tot_c, 1e-9):,.0f} per CPU-minute: "
+          f"wall rates drop when other processes load the machine)")
     return rows
 
 
@@ -133,7 +135,6 @@ def main(argv=None):
     if a.profile_hot:
         import cProfile
         import pstats
-
         import tempfile
 
         prof = os.path.join(tempfile.mkdtemp(prefix="bench_sim_"), "bench_sim.prof")

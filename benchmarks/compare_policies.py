@@ -119,7 +119,8 @@ def tables(agg: Dict[tuple, dict], scenarios: List[str]) -> str:
         groups = _groups(agg, sc)
         for g in groups:
             lines.append(f"\n#### {sc} / {g}\n")
-            lines.append("| system | req/s mean (per seed) | TTFT p50 s | TTFT p99 s mean (per seed) | prefix hit | cross-region |")
+            lines.append("| system | req/s mean (per seed) | TTFT p50 s | TTFT p99 s mean (per seed) "
+                         "| prefix hit | cross-region |")
             lines.append("|---|---|---|---|---|---|")
             for (s, gg, system), a in agg.items():
                 if s != sc or gg != g:
@@ -256,7 +257,8 @@ def main(argv=None) -> int:
                        "verdict": vdata,
                        "runs": [dict(m, key=list(k)) for m, k in zip(results, keys)]}))
     paths = plots(agg, scenarios, args.out)
-    print(f"\nwrote {os.path.join(args.out, 'results.json')}, summary.md, {', '.join(os.path.basename(p) for p in paths)}")
+    print(f"\nwrote {os.path.join(args.out, 'results.json')}, summary.md, "
+          f"{', '.join(os.path.basename(p) for p in paths)}")
     return 0
 
 

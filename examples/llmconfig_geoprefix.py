@@ -25,7 +25,8 @@ import time
 ROUTER = {
     "request_router_class": "ray_geolb.serve.router.GeoPrefixRouter",
     "request_router_kwargs": {
-        "policy": "geoprefix",      # the default; or "skylb", "skylb_ch", "ray_prefix", {"name": "skylb", "min_match_chars": 256}, ...
+        "policy": "geoprefix",      # the default; or "skylb", "skylb_ch", "ray_prefix",
+                                    # {"name": "skylb", "min_match_chars": 256}, ...
         "region": None,             # None = every replica is local; set e.g. "us" in a multi-region cluster
         "queue_bound": 1024,        # requests that may wait in the router (then RouterQueueFull)
         "wait_limit_s": 60.0,       # longest wait in the router (then RouterWaitTimeout)

@@ -34,7 +34,9 @@ from typing import Dict, List, Optional
 
 from ray_geolb.percentile import percentile
 from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
-ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)", "ray_prefix": "Ray PrefixCacheAffinity"}
+
+ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)",
+                 "ray_prefix": "Ray PrefixCacheAffinity"}
 
 
 def _say(msg: str) -> None:
@@ -255,7 +257,8 @@ def summarize(router: str, label: str, records: List[dict], t0: float, duration:
         "ttft_p50_ms_by_origin": {k: 1000 * percentile(v, 50) for k, v in sorted(by_region.items())},
         "prefix_hit_rate": (h / q) if q else None,
         "cross_region_share": (sum(1 for r in ok if r["route"] == "forwarded") / len(ok)) if ok else 0.0,
-        "served_by_region": {reg: sum(1 for r in ok if r["served"] == reg) for reg in sorted({r["served"] for r in ok})},
+        "served_by_region": {reg: sum(1 for r in ok if r["served"] == reg)
+                             for reg in sorted({r["served"] for r in ok})},
         "replicas_reporting": len(stats),
     }
 
@@ -264,7 +267,8 @@ def format_table(rows: List[dict]) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    head = f"{'router':<26} {'ok/req':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'prefix hit':>10} {'cross-reg':>9}"
+    head = (f"{'router':<26} {'ok/req':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
+            f"{'prefix hit':>10} {'cross-reg':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(

@@ -12,6 +12,7 @@ import shlex
 
 import pytest
 import yaml
+
 from repo import REPO
 
 CONFIG_DIR = REPO / "cluster_configs"

@@ -10,8 +10,8 @@ shipped ``ray_geolb/data/ibm_cloud_inter_region_rtt_ms_2024-03-03.csv`` (average
 
 giving us-eu 98 ms, us-asia 167 ms, eu-asia 237 ms.
 
-``RegionNetwork.gorgo()``: the GORGO paper's setting (Ricci Toniolo, Dinesh & Thorstenson, "GORGO: Maximizing KV-Cache Reuse
-While Minimizing Network Latency in Cross-Region LLM Load Balancing", §2 example): seen from the
+``RegionNetwork.gorgo()``: the GORGO paper's setting (Ricci Toniolo, Dinesh & Thorstenson, "GORGO: Maximizing
+KV-Cache Reuse While Minimizing Network Latency in Cross-Region LLM Load Balancing", §2 example): seen from the
 US-West load balancer, Germany is 281 ms and Israel 183 ms away (measured RTT between load
 balancers, §3), and the local region 3 ms. The paper does not report Germany<->Israel; the default
 here (60 ms) is an assumption (typical public Frankfurt-Tel Aviv RTT), not a number from the paper.

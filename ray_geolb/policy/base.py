@@ -20,9 +20,9 @@ picker (``_pick``). Each algorithm lives in its own short file under ``policy/al
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice
 from operator import le
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple, Type
 
 from .availability import LoadTracker, ReplicaStats
@@ -224,7 +224,8 @@ class Policy:
             return el
         return list(filter(avail.__contains__, candidates))
 
-    def choose(self, req: RouteRequest, now: float, candidates: Optional[Iterable[Hashable]] = None) -> Optional[Decision]:
+    def choose(self, req: RouteRequest, now: float,
+               candidates: Optional[Iterable[Hashable]] = None) -> Optional[Decision]:
         eligible = self.eligible(candidates)
         if not eligible:
             return None

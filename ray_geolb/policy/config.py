@@ -25,19 +25,33 @@ class AvailabilityConfig(_Strict):
 
     mode: Optional[Literal["bp", "sp-o", "sp-p"]] = None
     max_outstanding: int = Field(8, ge=1, description="SP-O: cap on router-side in-flight requests per replica")
-    unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report has no capacity fields")
+    unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report "
+                                                       "has no capacity fields")
     max_burst: int = Field(32, ge=1, description="SP-P: safety cap on requests sent to one replica between two reports")
-    seen_margin_s: float = Field(0.0, ge=0.0, description="SP-P: a request dispatched less than this before a report was measured is not assumed to be counted by it (0 in the simulator, where reports are exact; GeoPrefixRouter defaults it to 0.05 s for the API-server/transport delay)")
-    stale_report_s: Optional[float] = Field(5.0, gt=0.0, description="SP-P: a report that says requests wait is ignored once its figures have not changed for this long while this router had nothing in flight at that replica (a frozen report of an idle engine); None: always trusted")
-    request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when its prompt size is unknown, and the least KV budget a replica must have left to stay available")
+    seen_margin_s: float = Field(0.0, ge=0.0, description="SP-P: a request dispatched less than this before a report "
+                                                          "was measured is not assumed to be counted by it (0 in the "
+                                                          "simulator, where reports are exact; GeoPrefixRouter "
+                                                          "defaults it to 0.05 s for the API-server/transport delay)")
+    stale_report_s: Optional[float] = Field(5.0, gt=0.0, description="SP-P: a report that says requests wait is "
+                                                                      "ignored once its figures have not changed for "
+                                                                      "this long while this router had nothing in "
+                                                                      "flight at that replica (a frozen report of an "
+                                                                      "idle engine); None: always trusted")
+    request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when "
+                                                        "its prompt size is unknown, and the least KV budget a replica "
+                                                        "must have left to stay available")
 
 
 class PrefixIndexConfig(_Strict):
     block_chars: int = Field(64, ge=1, description="first block size (bytes of canonical text)")
-    growth: float = Field(0.125, ge=0.0, le=1.0, description="later blocks are this fraction of their offset (0: fixed blocks)")
+    growth: float = Field(0.125, ge=0.0, le=1.0,
+                          description="later blocks are this fraction of their offset (0: fixed blocks)")
     max_nodes: Optional[int] = Field(200_000, ge=1, description="global node budget (None: no node bound)")
     max_chars: Optional[int] = Field(None, ge=1, description="global budget of stored characters summed over targets")
-    max_entries: Optional[int] = Field(1_000_000, ge=1, description="global budget of (node, target) entries: what the index's memory grows with (~0.3 KB each) when many targets share nodes (None: no entry bound)")
+    max_entries: Optional[int] = Field(1_000_000, ge=1, description="global budget of (node, target) entries: what "
+                                                                    "the index's memory grows with (~0.3 KB each) "
+                                                                    "when many targets share nodes (None: no entry "
+                                                                    "bound)")
     store_text: bool = Field(False, description="keep raw block text (debugging); False keeps hashes only")
 
     def build(self, clock: Callable[[], float] = None) -> PrefixIndex:

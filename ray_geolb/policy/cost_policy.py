@@ -49,7 +49,8 @@ class CostConfig(PolicyConfig):
     w_prefill: float = Field(1.0, ge=0.0, description="weight of the residual-prefill term")
     q_hat: float = Field(1.0, ge=0.0, description="weight of the queue-wait term (GORGO's q̂)")
     min_match_chars: int = Field(0, ge=0, description="matches shorter than this count as no match")
-    match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: no discount)")
+    match_half_life_s: Optional[float] = Field(None, gt=0.0,
+                                               description="discount a match by its age (None: no discount)")
     default_prompt_tokens: int = Field(512, ge=1, description="mean prompt length assumed before any request is seen")
     tp_scope: Literal["target", "pooled"] = Field(
         "target", description="t_p per replica ('target', GORGO: each server's own rate) or one pooled fit over "
@@ -58,8 +59,10 @@ class CostConfig(PolicyConfig):
         0.0, ge=0.0, description="weight of the residual prefill's cost to the requests already in flight at "
                                  "the replica (each of its batch steps slows by t_p per prefill token): "
                                  "w_shared · t_p · (L − L_hit) · outstanding(r); 0 = GORGO (own TTFT only)")
-    exact_upto: int = Field(32, ge=1, description="price every eligible replica up to this many; beyond, only the matched ones and the `sample_unmatched` least loaded")
-    sample_unmatched: int = Field(8, ge=1, description="unmatched replicas priced when more than `exact_upto` are eligible")
+    exact_upto: int = Field(32, ge=1, description="price every eligible replica up to this many; beyond, only the "
+                                                  "matched ones and the `sample_unmatched` least loaded")
+    sample_unmatched: int = Field(8, ge=1,
+                                  description="unmatched replicas priced when more than `exact_upto` are eligible")
     tp_floor: Literal["none", "prior"] = Field(
         "none", description="lower bound on the fitted t_p: 'none' (the fit as is) or 'prior' (never below "
                             "ttft.prior_tp_s: a fit dominated by queueing can clamp to 0, which erases the "
@@ -121,8 +124,9 @@ class CostPolicy(PrefixPolicy):
         cfg = self.config
         p = self.prepared(req)
         times = {}
-        return discounted_hits(self.index.match(p, self.available_view(targets), times), req.prompt_tokens, cfg.chars_per_token,
-                               cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now, times)
+        return discounted_hits(self.index.match(p, self.available_view(targets), times), req.prompt_tokens,
+                               cfg.chars_per_token, cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now,
+                               times)
 
     def queued_tokens(self, target: Hashable) -> float:
         """Prefill tokens ahead of a new request at ``target``: reported waiting + unseen dispatches."""

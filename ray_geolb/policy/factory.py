@@ -64,7 +64,8 @@ def policy_names() -> List[str]:
 def policy_class(name: Any) -> Type[Policy]:
     """The class of policy ``name``; UnknownPolicyError (listing the known names) if there is none."""
     if not isinstance(name, str) or name not in POLICY_CLASSES:
-        raise UnknownPolicyError(f"policy.name: unknown policy {name!r}; known policies: {', '.join(sorted(POLICY_CLASSES))}")
+        raise UnknownPolicyError(f"policy.name: unknown policy {name!r}; "
+                                 f"known policies: {', '.join(sorted(POLICY_CLASSES))}")
     return POLICY_CLASSES[name]
 
 

@@ -189,7 +189,8 @@ class PrefixIndex:
         runs = self._runs
         tgs = self._tg
         ends = p.ends
-        avail = None if available is None else (available if isinstance(available, (set, frozenset)) else set(available))
+        avail = (None if available is None
+                 else (available if isinstance(available, (set, frozenset)) else set(available)))
         result: Dict[Hashable, int] = {}
         alive = None
         alive_n = 0

@@ -35,5 +35,6 @@ class RingPolicy(Policy):
 
     def _pick(self, req, eligible, now):
         key = ring_key(req, self.config.fallback_key_chars)
-        t = self.ring.next_available(key, self.tracker.available if len(eligible) == len(self._targets) else set(eligible))
+        t = self.ring.next_available(key, self.tracker.available if len(eligible) == len(self._targets)
+                                     else set(eligible))
         return Decision(t if t is not None else eligible[0], reason="ring")

@@ -39,10 +39,12 @@ class TtftModelConfig(_Strict):
     """Online ``TTFT = base + t_p × uncached tokens`` regression (seconds, tokens)."""
 
     prior_base_s: float = Field(0.15072, ge=0.0, description="prior base latency (GORGO Table 1: 150.72 ms)")
-    prior_tp_s: float = Field(0.0938e-3, gt=0.0, description="prior prefill seconds per token (GORGO Table 1: 0.0938 ms)")
+    prior_tp_s: float = Field(0.0938e-3, gt=0.0,
+                              description="prior prefill seconds per token (GORGO Table 1: 0.0938 ms)")
     window: int = Field(64, ge=4, le=4096, description="samples kept per key (bounded: Theil-Sen is O(window^2))")
     min_samples: int = Field(8, ge=3, description="samples a key needs before its own fit replaces the fallback")
-    min_spread_tokens: int = Field(64, ge=1, description="max-min of x a fit needs (a slope needs distinct prompt lengths)")
+    min_spread_tokens: int = Field(64, ge=1,
+                                   description="max-min of x a fit needs (a slope needs distinct prompt lengths)")
     max_tp_s: float = Field(0.05, gt=0.0, description="upper clamp on a fitted t_p")
     max_pairs: int = Field(4096, ge=16, description="pairwise slopes evaluated per fit (evenly strided beyond this)")
     refit_every: int = Field(4, ge=1, description="refit a key after this many new samples (a fit is O(window^2))")

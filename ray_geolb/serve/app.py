@@ -40,7 +40,8 @@ APP_PREFIX = "geolb-"
 MODEL_DEPLOYMENT = "Model"
 REGION_LABEL = "ray.io/availability-region"
 GEO_ROUTER = "ray_geolb.serve.router.GeoPrefixRouter"
-RAY_PREFIX_ROUTER = "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter"
+RAY_PREFIX_ROUTER = ("ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router."
+                     "PrefixCacheAffinityRouter")
 ROUTERS = ("geo", "pow2", "ray_prefix")
 
 
@@ -130,7 +131,6 @@ def build_region_apps(
     from ray import serve
 
     from ray_geolb.serve.llm_server import EmulatedEngineServer
-
     from ray_geolb.serve.router import DEFAULT_POLICY
 
     region_local = router != "geo"

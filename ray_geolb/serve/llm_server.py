@@ -140,7 +140,8 @@ class EmulatedEngine:
         self._ids = itertools.count()
         self._ttft: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_PER_REPORT)
 
-    def make_request(self, text: str, max_tokens: Optional[int] = None, request_id: Optional[str] = None) -> EngineRequest:
+    def make_request(self, text: str, max_tokens: Optional[int] = None,
+                     request_id: Optional[str] = None) -> EngineRequest:
         c = self.model.config
         n, hashes = prompt_blocks(text, self.chars_per_token, c.block_tokens)
         out = int(max_tokens) if max_tokens else self.output_tokens
@@ -217,7 +218,8 @@ class EmulatedEngineServer:
                 first = time.time()
             n += 1
         return {"replica": self.replica, "region": self.region, "text": " ".join(["tok"] * n),
-                "prompt_tokens": req.prompt_tokens, "output_tokens": n, "ttft_s": (first or time.time()) - info["arrival"],
+                "prompt_tokens": req.prompt_tokens, "output_tokens": n,
+                "ttft_s": (first or time.time()) - info["arrival"],
                 "finish": time.time(), **info}
 
     async def generate(self, prompt_or_body: Any, max_tokens: Optional[int] = None):
@@ -367,12 +369,14 @@ def _build_llm_classes() -> Dict[str, Any]:
                 yield x
 
         async def embeddings(self, request, raw_request_info=None):
-            yield ErrorResponse.model_validate({"error": {"message": "embeddings are not supported by the emulated engine",
-                                                          "type": "NotImplementedError", "code": 400}})
+            yield ErrorResponse.model_validate({"error": {
+                "message": "embeddings are not supported by the emulated engine",
+                "type": "NotImplementedError", "code": 400}})
 
         async def transcriptions(self, request, raw_request_info=None):
-            yield ErrorResponse.model_validate({"error": {"message": "transcriptions are not supported by the emulated engine",
-                                                          "type": "NotImplementedError", "code": 400}})
+            yield ErrorResponse.model_validate({"error": {
+                "message": "transcriptions are not supported by the emulated engine",
+                "type": "NotImplementedError", "code": 400}})
 
         async def reset_prefix_cache(self) -> None:
             return None
@@ -458,7 +462,8 @@ def build_emulated_openai_app(llm_configs: list, ingress_cls: Any = None, ingres
     _build_llm_classes()
     from ray.serve.llm import build_openai_app
 
-    idc = {"num_replicas": 1, "ray_actor_options": {"num_cpus": 0, "runtime_env": {"worker_process_setup_hook": GUARD_HOOK}}}
+    idc = {"num_replicas": 1,
+           "ray_actor_options": {"num_cpus": 0, "runtime_env": {"worker_process_setup_hook": GUARD_HOOK}}}
     idc.update(ingress_deployment_config or {})
     spec = {"llm_configs": llm_configs, "ingress_deployment_config": idc}
     if ingress_cls is not None:

@@ -213,7 +213,8 @@ class RegistryState:
                     del mine[peer]
         if snap is not None:
             self._snapshots[region] = snap
-            self._snapshot_versions[region] = int(item.get("snapshot_version", self._snapshot_versions.get(region, 0) + 1))
+            self._snapshot_versions[region] = int(item.get("snapshot_version",
+                                                           self._snapshot_versions.get(region, 0) + 1))
 
     def _forget(self, region: str) -> None:
         self._sources.pop(region, None)

@@ -16,8 +16,7 @@ import asyncio
 import time
 from typing import Callable, Optional
 
-from ray_geolb.serve.registry import (DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_registry, logger,
-                                      validate_extra)
+from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_registry, logger, validate_extra
 
 __all__ = ["RegistryClient", "peer_states_from_table"]
 

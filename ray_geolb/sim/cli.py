@@ -42,13 +42,16 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--policy", default="skylb",
                     help=f"comma-separated systems ({_names_help()}) or policy names (run on per-region LBs)")
     sp.add_argument("--regions", default="us=4,eu=4,asia=4", help="replicas per region, e.g. us=4,eu=4,asia=4")
-    sp.add_argument("--clients", default=None, help="clients per region for closed-loop workloads, e.g. us=40,eu=20,asia=20")
+    sp.add_argument("--clients", default=None,
+                    help="clients per region for closed-loop workloads, e.g. us=40,eu=20,asia=20")
     sp.add_argument("--seed", type=int, default=0, help="random seed (workload + simulator)")
     sp.add_argument("--seeds", default=None, help="comma-separated seeds (a sweep; overrides --seed)")
-    sp.add_argument("--duration", type=float, default=None, help="simulated seconds per run (default 120; scenarios have their own)")
+    sp.add_argument("--duration", type=float, default=None,
+                    help="simulated seconds per run (default 120; scenarios have their own)")
     sp.add_argument("--max-programs", type=int, default=None, help="stop starting programs after this many")
     sp.add_argument("--drain", action="store_true", help="finish requests in flight at the end instead of cutting off")
-    sp.add_argument("--scale", type=float, default=None, help="scenario size factor (clients and replicas); 1 = paper size")
+    sp.add_argument("--scale", type=float, default=None,
+                    help="scenario size factor (clients and replicas); 1 = paper size")
     sp.add_argument("--profile", default=None, help="engine profile (default llama3.1-8b-l4)")
     sp.add_argument("--stats-period", type=float, default=None, help="replica stats period (s, default 0.5)")
     sp.add_argument("--stats-lag", type=float, default=None, help="replica stats delivery lag (s, default 0.3)")

@@ -235,7 +235,8 @@ def resolve_network(spec: Any) -> RegionNetwork:
     if isinstance(spec, dict):
         extra = set(spec) - {"regions", "rtt_ms", "intra_ms"}
         if extra or "regions" not in spec or "rtt_ms" not in spec:
-            raise ValueError(f"network dict needs 'regions' and 'rtt_ms' (and optional 'intra_ms'), got keys {sorted(spec)}")
+            raise ValueError(f"network dict needs 'regions' and 'rtt_ms' (and optional 'intra_ms'), "
+                             f"got keys {sorted(spec)}")
         pairs = {}
         for item in spec["rtt_ms"]:
             if not isinstance(item, (list, tuple)) or len(item) != 3:

@@ -35,14 +35,14 @@ Scenarios (``SCENARIOS``):
   of the three by great-circle distance). GORGO-proxy's central proxy sits in US-West.
 * ``network-hard``: the network term tested honestly. Home region ``us-east`` (Washington DC) is
   overloaded (200 WildChat clients, 2 replicas: every LB must forward), the near region ``ca``
-  (Toronto, 19 ms) is busy but keeping up on its own (40 clients, 2 replicas), the far region ``au`` (Sydney, 215 ms) has 2 idle replicas
-  and no clients. Every request the home LB cannot place must go somewhere: staying means queueing
-  at home; the near peer is the cheap hop but filling it up queues *its* users and the forwarded
-  ones; the far peer is free by availability but every forward there pays 215 ms RTT plus a
-  recompute of the conversation history (its cache has nothing). A policy that ignores the network
-  sends too much to Sydney; one that ignores remote queues piles onto Toronto. Hard because the
-  right split changes with the instantaneous queues, and conversations make every forward cost a
-  recompute. RTTs from the shipped IBM Cloud table; SkyLB's L4 profile; 60 s.
+  (Toronto, 19 ms) is busy but keeping up on its own (40 clients, 2 replicas), the far region ``au``
+  (Sydney, 215 ms) has 2 idle replicas and no clients. Every request the home LB cannot place must go
+  somewhere: staying means queueing at home; the near peer is the cheap hop but filling it up queues
+  *its* users and the forwarded ones; the far peer is free by availability but every forward there
+  pays 215 ms RTT plus a recompute of the conversation history (its cache has nothing). A policy that
+  ignores the network sends too much to Sydney; one that ignores remote queues piles onto Toronto.
+  Hard because the right split changes with the instantaneous queues, and conversations make every
+  forward cost a recompute. RTTs from the shipped IBM Cloud table; SkyLB's L4 profile; 60 s.
 
 ``scale`` multiplies client counts and replica counts (rounded, at least 1 per region that has
 any); ``scale=1`` is the paper's size. ``duration_s`` is the simulated time per run.

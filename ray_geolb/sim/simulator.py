@@ -194,7 +194,8 @@ class SimResult:
 
 class Simulator:
     def __init__(self, workload, deployment: DeploymentSpec, config: Optional[SimConfig] = None,
-                 trace: Optional[Callable[[str, dict], None]] = None, progress: Optional[Callable[[float], None]] = None):
+                 trace: Optional[Callable[[str, dict], None]] = None,
+                 progress: Optional[Callable[[float], None]] = None):
         self.workload = workload
         self.dep = deployment
         self.cfg = config or SimConfig()

@@ -3,10 +3,9 @@ hand-computed cases (and the memoised sum the cost loop reads)."""
 
 import pytest
 
+from policy_cases import TP, P, cost_policy, rq
 from ray_geolb.policy import RegionRouter, ReplicaStats, TwoLayerConfig
 from ray_geolb.policy.region import GEOPREFIX_COST
-
-from policy_cases import P, TP, cost_policy, rq
 
 
 def test_gorgo_cost_is_residual_prefill_plus_queue_wait():

@@ -52,8 +52,10 @@ def test_next_available_walks_past_unavailable_targets():
 
 
 def test_hashes_are_stable_across_processes():
-    code = "from ray_geolb.policy.hash_ring import stable_hash64, HashRing; print(stable_hash64('abc'), HashRing(['x','y']).lookup('k'))"
-    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
+    code = ("from ray_geolb.policy.hash_ring import stable_hash64, HashRing; "
+            "print(stable_hash64('abc'), HashRing(['x','y']).lookup('k'))")
+    outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+            for _ in range(2)}
     assert len(outs) == 1
     assert outs.pop().split()[0] == str(stable_hash64("abc"))
 

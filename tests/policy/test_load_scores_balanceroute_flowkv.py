@@ -2,9 +2,8 @@
 
 import pytest
 
+from policy_cases import FIXED, TP, P, rq
 from ray_geolb.policy import ReplicaStats, build_policy
-
-from policy_cases import FIXED, P, TP, rq
 
 
 def test_vllm_default_score_counts_unseen_dispatches_as_waiting():

@@ -3,10 +3,9 @@
 import pytest
 from pydantic import ValidationError
 
+from policy_cases import NEW, rq
 from ray_geolb.policy import TwoLayerConfig, build_policy
 from ray_geolb.policy.region import CostSelector
-
-from policy_cases import NEW, rq
 
 
 @pytest.mark.parametrize("name", NEW)

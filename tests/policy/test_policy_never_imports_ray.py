@@ -3,6 +3,7 @@
 import ast
 import subprocess
 import sys
+
 from repo import REPO
 
 POLICY = REPO / "ray_geolb" / "policy"

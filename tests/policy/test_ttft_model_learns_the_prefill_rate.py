@@ -5,9 +5,8 @@ import random
 
 import pytest
 
-from ray_geolb.policy.ttft_model import TtftModel, TtftModelConfig, theil_sen
-
 from policy_cases import TP, cost_policy, rq
+from ray_geolb.policy.ttft_model import TtftModel, TtftModelConfig, theil_sen
 
 
 def test_ttft_model_falls_back_to_gorgo_table1_prior():

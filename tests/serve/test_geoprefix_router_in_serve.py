@@ -110,8 +110,8 @@ def test_geoprefix_learns_t_p_from_replica_ttft_reports(cluster):
     routing stats) and the default policy (GeoPrefix) learns t_p from them. Sequential requests of
     distinct lengths (no shared prefix) on an engine 4x slower than the profile: the pooled t_p moves
     from the prior to the engine's real wall-clock prefill rate."""
-    from ray_geolb.policy.ttft_model import POOLED
     from ray_geolb.engine.profiles import get_profile
+    from ray_geolb.policy.ttft_model import POOLED
 
     scale = 4.0
     h = _deploy("ttft", 1, {}, time_scale=scale, output_tokens=1)

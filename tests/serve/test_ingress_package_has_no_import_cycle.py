@@ -6,6 +6,7 @@ The graph is read from the source by ``tests/import_graph.py``, as for ``ray_geo
 """
 
 import pytest
+
 from import_graph import find_cycle, import_graph
 
 INGRESS = "ray_geolb.serve.ingress"
@@ -13,7 +14,8 @@ INGRESS = "ray_geolb.serve.ingress"
 
 def test_the_graph_sees_the_ingress_parts():
     g = import_graph(INGRESS)
-    assert {f"{INGRESS}.{m}" for m in ("admission", "local_view", "peers", "openai", "streams")} <= g[f"{INGRESS}.request_path"]
+    assert ({f"{INGRESS}.{m}" for m in ("admission", "local_view", "peers", "openai", "streams")}
+            <= g[f"{INGRESS}.request_path"])
     assert f"{INGRESS}.request_path" in g[f"{INGRESS}.deployment"]
     assert f"{INGRESS}.deployment" in g[INGRESS]
 

@@ -155,7 +155,8 @@ def test_openai_chat_streaming_and_affinity_over_http(llm_app):
 
 
 def test_openai_completions_over_http(llm_app):
-    st, _, text = _post(llm_app + "/v1/completions", {"model": "emu-llama", "prompt": "once upon a time", "max_tokens": 4})
+    st, _, text = _post(llm_app + "/v1/completions",
+                        {"model": "emu-llama", "prompt": "once upon a time", "max_tokens": 4})
     out = json.loads(text)
     assert st == 200 and out["choices"][0]["text"].count("tok") == 4
 

@@ -23,10 +23,10 @@ httpx = pytest.importorskip("httpx")
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
-from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
+from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
-from repo import REPO
+from repo import REPO  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
@@ -219,7 +219,8 @@ def test_peer_extras_reach_the_cost_selector(geo):
                 assert time.time() < deadline, st["peers"]
                 await asyncio.sleep(0.1)
             seen = st["peers"]
-            us_long = [asyncio.ensure_future(c.post(f"{geo}/us/v1/chat/completions", json=chat(f"us long {i} " * 300, n=600),
+            us_long = [asyncio.ensure_future(c.post(f"{geo}/us/v1/chat/completions",
+                                                    json=chat(f"us long {i} " * 300, n=600),
                                                     headers={"x-allowed-regions": "us"})) for i in range(2)]
             deadline = time.time() + 20
             while (await state("us"))["local_available"] > 0:  # us's 2 engine slots are taken
@@ -269,7 +270,8 @@ def test_hop_limit_forwarded_request_waits_at_peer(geo):
             t0 = time.monotonic()
             fwd = eu.forwarded.remote(chat("forwarded from us " * 30, n=4),
                                       {"hops": 1, "origin": "us", "max_tokens": 4, "request_id": "hop-test"})
-            fresh = asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions", json=chat("fresh eu request " * 30, n=4)))
+            fresh = asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions",
+                                                 json=chat("fresh eu request " * 30, n=4)))
             meta, res = await fwd
             waited = time.monotonic() - t0
             fresh = await fresh
@@ -368,7 +370,8 @@ def test_registry_killed_mid_run(geo):
         return results, after
 
     results, after = asyncio.run(run())
-    assert len(results) == 24 and all(r.status_code == 200 for r in results), [r.text for r in results if r.status_code != 200]
+    assert len(results) == 24 and all(r.status_code == 200 for r in results), [
+        r.text for r in results if r.status_code != 200]
     assert all(r.status_code == 200 for r in after), [(r.status_code, r.text[:300]) for r in after]
     assert any(geoh(r)["route"] == "forwarded" for r in after), [geoh(r) for r in after]
 

@@ -12,9 +12,8 @@ import pytest
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
-from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelector
+from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelector, PeerState, RegionRouter, TwoLayerConfig
 from ray_geolb.policy.ttft_model import POOLED
-from ray_geolb.policy.region import PeerState, RegionRouter, TwoLayerConfig
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -130,8 +129,8 @@ def test_router_queued_tokens_view():
 
 # ---------------------------------------------------------------------------------------------- emulated engine
 def test_emulated_engine_reports_wall_clock_ttft_samples_since_last_report():
-    from ray_geolb.serve.llm_server import TTFT_SAMPLES_PER_REPORT, EmulatedEngine
     from ray_geolb.engine.profiles import get_profile
+    from ray_geolb.serve.llm_server import TTFT_SAMPLES_PER_REPORT, EmulatedEngine
 
     scale = 0.5
     eng = EmulatedEngine(time_scale=scale, output_tokens=1)

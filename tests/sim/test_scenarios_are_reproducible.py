@@ -71,8 +71,8 @@ def test_scenario_sizes_follow_the_papers():
 def test_register_system_is_one_line():
     register_system("test-ll-local", "per-region", "least_load", "test only")
     try:
-        runs = grid(["test-ll-local"], [0], [{"us": 1, "eu": 1}], {"name": "tot", "kw": {"clients": {"us": 3, "eu": 1}}},
-                    {"duration_s": 5.0})
+        runs = grid(["test-ll-local"], [0], [{"us": 1, "eu": 1}],
+                    {"name": "tot", "kw": {"clients": {"us": 3, "eu": 1}}}, {"duration_s": 5.0})
         m = run_one(runs[0])
         assert m["system"] == "test-ll-local" and m["counters"]["requests_completed"] > 0
     finally:

@@ -43,7 +43,8 @@ def test_issue5_systems_have_their_intended_deployment():
     reps = {"us-west": 1, "germany": 1, "israel": 1}
     kw = dict(network="gorgo", central_region="us-west")
     g = deployment_for("gorgo", reps, **kw)
-    assert g.lb_kind == "per-region" and g.two_layer["remote"] == "cost" and g.two_layer["cost"]["remote_queue"] is False
+    assert (g.lb_kind == "per-region" and g.two_layer["remote"] == "cost"
+            and g.two_layer["cost"]["remote_queue"] is False)
     gp = deployment_for("gorgo-proxy", reps, **kw)
     assert gp.lb_kind == "central" and gp.rtt_aware and gp.policy == "gorgo_proxy"
     ours = deployment_for("geoprefix", reps, **kw)

@@ -135,16 +135,16 @@ def test_central_lb_latency_includes_the_extra_hops():
     local = simulate(wl, deployment_for("skylb", {"asia": 1}), SimConfig(duration_s=10.0, drain=True))
     # central LB in the US, replica in asia: asia->us->asia and back = 4 one-way asia-us delays
     central = simulate(wl, deployment_for("ll", {"asia": 1}), SimConfig(duration_s=10.0, drain=True))
-    (l,), (c,) = local.requests, central.requests
+    (loc,), (c,) = local.requests, central.requests
     extra = 4 * net.one_way_s("asia", "us")
-    assert c[1] - l[1] == pytest.approx(extra, abs=1e-9)  # TTFT
-    assert c[2] - l[2] == pytest.approx(extra, abs=1e-9)  # end-to-end
-    assert l[1] > 0.05  # the prefill itself (L4 profile)
+    assert c[1] - loc[1] == pytest.approx(extra, abs=1e-9)  # TTFT
+    assert c[2] - loc[2] == pytest.approx(extra, abs=1e-9)  # end-to-end
+    assert loc[1] > 0.05  # the prefill itself (L4 profile)
     # central LB, replica in eu: asia->us, us->eu, and back
     central_eu = simulate(wl, deployment_for("ll", {"eu": 1}), SimConfig(duration_s=10.0, drain=True))
     (ce,) = central_eu.requests
-    assert ce[1] - l[1] == pytest.approx(2 * (net.one_way_s("asia", "us") + net.one_way_s("us", "eu")), abs=1e-9)
-    assert ce[6] is True and l[6] is False  # cross-region flag
+    assert ce[1] - loc[1] == pytest.approx(2 * (net.one_way_s("asia", "us") + net.one_way_s("us", "eu")), abs=1e-9)
+    assert ce[6] is True and loc[6] is False  # cross-region flag
 
 
 def test_forwarded_request_pays_both_lb_hops():

@@ -16,12 +16,16 @@ def test_the_simulator_feeds_every_local_completion_to_the_drain_rate():
     for lb in sim.lbs.values():
         orig = lb.router.selector.on_local_complete
         seen[lb.region] = []
-        lb.router.selector.on_local_complete = (lambda o, l: lambda now: (l.append(now), o(now)))(orig, seen[lb.region])
+        lb.router.selector.on_local_complete = (lambda o, sink: lambda now: (sink.append(now), o(now)))(
+            orig, seen[lb.region]
+        )
     done = {}
     for lb in sim.lbs.values():
         orig = lb.policy.on_complete
         done[lb.region] = []
-        lb.policy.on_complete = (lambda o, l: lambda rid, *a, **k: (l.append(a[1]), o(rid, *a, **k)))(orig, done[lb.region])
+        lb.policy.on_complete = (lambda o, sink: lambda rid, *a, **k: (sink.append(a[1]), o(rid, *a, **k)))(
+            orig, done[lb.region]
+        )
     sim.run()
     assert sum(map(len, done.values())) > 20
     assert seen == done  # one drain sample per local completion, at the time the LB saw it

@@ -1,13 +1,29 @@
-import os
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from ray_geolb.sim.workloads import (COUNTRY_REGION, WORKLOAD_NAMES, Call, Program, by_name, conversation,
-                                     fixture_path, load_gsm8k, load_servegen, load_sharegpt, load_wildchat,
-                                     mixed_tot, prefix_repetition, servegen, tot, tot_size, trace)
+from ray_geolb.sim.workloads import (
+    COUNTRY_REGION,
+    WORKLOAD_NAMES,
+    Call,
+    Program,
+    by_name,
+    conversation,
+    fixture_path,
+    load_gsm8k,
+    load_servegen,
+    load_sharegpt,
+    load_wildchat,
+    mixed_tot,
+    prefix_repetition,
+    servegen,
+    tot,
+    tot_size,
+    trace,
+)
 from ray_geolb.sim.workloads.datasets import DATA_DIR, FIXTURES
 from repo import REPO
 

@@ -122,7 +122,8 @@ class BR0(_DPPolicy):
     class Config(_DPConfig):
         name: Literal["br0"] = "br0"
         default_output_tokens: int = Field(256, ge=0, description="expected output length when a request has no hint")
-        decode_tps: float = Field(25.0, ge=0.0, description="tokens/s one running request decodes (outputs already produced)")
+        decode_tps: float = Field(25.0, ge=0.0,
+                                  description="tokens/s one running request decodes (outputs already produced)")
 
     def _expected_out(self, hint: int) -> int:
         return hint if hint and hint > 0 else self.config.default_output_tokens

@@ -42,4 +42,5 @@ class SGLangCacheAware(PrefixPolicy):
             return Decision(t, matched, "prefix")
         size = self.index.chars_of
         smallest = min(size(t) for t in eligible)
-        return Decision(least_loaded([t for t in eligible if size(t) == smallest], self.tracker, self.rng), 0, "smallest_tree")
+        return Decision(least_loaded([t for t in eligible if size(t) == smallest], self.tracker, self.rng), 0,
+                        "smallest_tree")

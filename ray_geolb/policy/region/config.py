@@ -30,7 +30,8 @@ class CostSelectorConfig(_Strict):
     chars_per_token: float = Field(4.0, gt=0.0)
     min_match_chars: int = Field(0, ge=0, description="snapshot/local matches shorter than this are ignored")
     match_half_life_s: Optional[float] = Field(None, gt=0.0, description="discount a match by its age (None: off)")
-    staleness_scale_s: Optional[float] = Field(None, gt=0.0, description="inflate a peer queue by (1 + age/scale) (None: off)")
+    staleness_scale_s: Optional[float] = Field(None, gt=0.0,
+                                               description="inflate a peer queue by (1 + age/scale) (None: off)")
     rtt_alpha: float = Field(0.3, gt=0.0, le=1.0, description="EWMA weight of a new RTT probe sample")
     unknown_rtt_s: float = Field(0.25, ge=0.0, description="RTT assumed for a peer never measured")
     stay_local: bool = Field(True, description="hold locally when staying is estimated cheaper than any forward")
@@ -52,13 +53,15 @@ GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life
 class TwoLayerConfig(_Strict):
     region: str = Field(..., min_length=1, pattern=REGION_PATTERN, description="this LB's region name")
     tau: int = Field(2, ge=0, description="a peer whose LB queue is longer than this is unavailable")
-    remote: Literal["prefix", "ring", "nearest", "cost"] = Field("prefix", description="how a peer is chosen (region/router.py: PEER_SELECTORS)")
+    remote: Literal["prefix", "ring", "nearest", "cost"] = Field(
+        "prefix", description="how a peer is chosen (region/router.py: PEER_SELECTORS)")
     max_hops: int = Field(1, ge=0, le=1, description="0 = region-local (never forward), 1 = SkyLB")
     peer_stale_s: float = Field(10.0, gt=0, description="a peer heartbeat older than this is ignored")
     snapshot: PrefixIndexConfig = PrefixIndexConfig(max_nodes=100_000)
     virtual_nodes: int = Field(256, ge=1)
     cost: CostSelectorConfig = Field(CostSelectorConfig(), description="the 'cost' selector's settings (remote='cost')")
-    tenant_regions: Dict[str, FrozenSet[str]] = Field(default_factory=dict, description="tenant -> regions its requests may be served in")
+    tenant_regions: Dict[str, FrozenSet[str]] = Field(default_factory=dict,
+                                                      description="tenant -> regions its requests may be served in")
 
     @field_validator("tenant_regions")
     @classmethod

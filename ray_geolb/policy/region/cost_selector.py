@@ -198,7 +198,8 @@ class CostSelector(PeerSelector):
         tp = self.peer_t_p(router, region)
         ex = p.extra or {}
         qtok = ex.get("queued_tokens")
-        q = float(qtok) if isinstance(qtok, (int, float)) and qtok >= 0 else p.queue_len * self._mean_prompt(router, req)
+        q = (float(qtok) if isinstance(qtok, (int, float)) and qtok >= 0
+             else p.queue_len * self._mean_prompt(router, req))
         sent = [tok for (t, tok) in self._fwd.get(region, ()) if t > p.timestamp]
         q += sum(sent[max(0, p.available_replicas):])
         reps = ex.get("replicas")
@@ -255,7 +256,8 @@ class CostSelector(PeerSelector):
         return best, raw.get(best, 0) if best in hits else 0, "cost"
 
     def heartbeat_extra(self, router, queued_tokens: Optional[float]) -> dict:
-        ex = {"replicas": len(router.local.targets), "t_p_s": self.local_t_p(router), "inflight": self._inflight(router)}
+        ex = {"replicas": len(router.local.targets), "t_p_s": self.local_t_p(router),
+              "inflight": self._inflight(router)}
         if queued_tokens is not None:
             ex["queued_tokens"] = float(queued_tokens)
         return ex

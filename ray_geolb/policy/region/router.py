@@ -8,8 +8,8 @@ A :class:`RegionRouter` is one region's load balancer. For each request it:
    snapshot (longest prefix this region already forwarded there; ties by lower RTT), by a ring over
    regions (SkyLB-CH), or (``remote="cost"``) by the TTFT-cost selector, which may also decide that
    holding the request here is cheaper than any forward (one :class:`PeerSelector` per
-   ``TwoLayerConfig.remote``, in :data:`PEER_SELECTORS`). A forwarded request carries ``hops``; at ``max_hops`` it is never forwarded
-   again (no ping-pong);
+   ``TwoLayerConfig.remote``, in :data:`PEER_SELECTORS`). A forwarded request carries ``hops``; at ``max_hops``
+   it is never forwarded again (no ping-pong);
 3. otherwise **holds** it in this LB's FCFS queue (the driver retries it when something frees).
 
 Data residency: a request's ``allowed_regions`` (narrowed by ``TwoLayerConfig.tenant_regions`` for
@@ -90,7 +90,8 @@ class RegionRouter:
         self.rtt = RttTable(config.cost.rtt_alpha)  # the one measured-RTT estimate (observe_rtt)
         self.peer_selector: PeerSelector = PEER_SELECTORS[config.remote](config, self.rtt)
         #: the 'cost' selector (it keeps state the router feeds); None with SkyLB's stateless selectors
-        self.selector: Optional[CostSelector] = self.peer_selector if isinstance(self.peer_selector, CostSelector) else None
+        self.selector: Optional[CostSelector] = (self.peer_selector if isinstance(self.peer_selector, CostSelector)
+                                                 else None)
         self.queue_len = 0
         self.queued_tokens: Optional[float] = None
 
@@ -193,7 +194,8 @@ class RegionRouter:
         self._apply_tenant(req)
         allowed = req.allowed_regions
         if allowed is not None and not allowed:
-            return RegionDecision("reject", reason=f"tenant {req.tenant!r}: no region satisfies both the request's and the tenant's allowed regions")
+            return RegionDecision("reject", reason=f"tenant {req.tenant!r}: no region satisfies both the request's "
+                                                   f"and the tenant's allowed regions")
         local_ok = allowed is None or self.region in allowed
         if local_ok:
             d = self.local.choose(req, now, candidates)

@@ -32,8 +32,17 @@ sha256 of keys, never global RNG state or Python's ``hash()``.
 from __future__ import annotations
 
 from .conversation import COUNTRY_REGION, conversation, conversation_program, region_of_country
-from .datasets import (Conversation, GsmQuestion, ServeGenWindow, fixture_path, load_conversations,
-                       load_gsm8k, load_servegen, load_sharegpt, load_wildchat)
+from .datasets import (
+    Conversation,
+    GsmQuestion,
+    ServeGenWindow,
+    fixture_path,
+    load_conversations,
+    load_gsm8k,
+    load_servegen,
+    load_sharegpt,
+    load_wildchat,
+)
 from .model import Call, ClosedLoopSpec, OpenLoopSpec, Program, ProgramStream, Workload
 from .prefix import prefix_repetition
 from .servegen import servegen

@@ -3,10 +3,9 @@ the wait for a local slot) against each available peer (RTT, residual prefill, r
 
 import pytest
 
+from policy_cases import FIXED, NEW, TP, P, fill, region, rq
 from ray_geolb.policy import PeerState, ReplicaStats
 from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelectorConfig, DrainRate, RttTable
-
-from policy_cases import FIXED, NEW, P, TP, fill, region, rq
 
 
 @pytest.mark.parametrize("name", NEW)

@@ -7,7 +7,15 @@ import typing
 
 import pytest
 
-from ray_geolb.policy import POLICY_CLASSES, PeerState, RegionRouter, ReplicaStats, RouteRequest, TwoLayerConfig, build_policy
+from ray_geolb.policy import (
+    POLICY_CLASSES,
+    PeerState,
+    RegionRouter,
+    ReplicaStats,
+    RouteRequest,
+    TwoLayerConfig,
+    build_policy,
+)
 from ray_geolb.policy.region import PEER_SELECTORS, CostSelector, LocalLayer, LocalLoad, PeerSelector
 from repo import REPO
 

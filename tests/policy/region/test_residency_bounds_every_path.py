@@ -3,9 +3,8 @@
 import pytest
 from pydantic import ValidationError
 
-from ray_geolb.policy import PeerState, TwoLayerConfig
-
 from policy_cases import fill, region, rq
+from ray_geolb.policy import PeerState, TwoLayerConfig
 
 
 @pytest.mark.parametrize("remote", ["prefix", "ring", "nearest", "cost"])

@@ -1,7 +1,7 @@
 import pytest
 from pydantic import ValidationError
 
-from ray_geolb.policy import PeerState, ReplicaStats, RegionRouter, RouteRequest, TwoLayerConfig, build_policy
+from ray_geolb.policy import PeerState, RegionRouter, ReplicaStats, RouteRequest, TwoLayerConfig, build_policy
 
 
 def lb(region="us", targets=("us-0", "us-1"), **cfg):
