@@ -56,8 +56,8 @@ _TRIU: Dict[int, Tuple["np.ndarray", "np.ndarray"]] = {}
 def theil_sen(xs: List[float], ys: List[float], max_pairs: int = 4096) -> Optional[Tuple[float, float]]:
     """(intercept, slope) of the Theil–Sen line, or None if no two samples differ in x.
 
-    Vectorised over all pairs (evenly strided beyond ``max_pairs``): ~30 µs for a 64-sample window,
-    so a refit on the routing path stays cheap."""
+    Vectorised over all pairs (evenly strided beyond ``max_pairs``), so a refit on the routing path
+    stays cheap."""
     n = len(xs)
     if n < 2:
         return None

@@ -16,27 +16,21 @@ replicas,
   **pooled over this LB's replicas** (``tp_scope="pooled"``): the replicas of one deployment run the
   same model on the same hardware, so their prefill rate is one number; a per-replica fit from
   observed TTFTs absorbs that replica's recent *queueing* (TTFT = queue + prefill), which makes a busy
-  replica look slow per token and double-counts the queue that ``Q(r)`` already prices. Measured on
-  SkyLB Fig. 8 (scale 0.5, 60 s): per-replica t_p lost 10-20 % throughput to prefix misses.
+  replica look slow per token and double-counts the queue that ``Q(r)`` already prices.
 
 * ``n(r)`` — the requests this LB has in flight at ``r``. The residual prefill is not only this
   request's TTFT: in a continuous-batching engine every step that carries its prefill chunk is
   slower by ``t_p`` per token for every sequence in the batch, so recomputing a prefix at a busy
   replica costs everyone there. Pricing that (``w_shared = 1``) keeps a request on its cached
   replica unless another replica is cheaper *including* the recompute it would impose; with only
-  the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity. Measured
-  (``benchmarks/compare_policies.py``, seeds 0/1): GeoPrefix/SkyLB throughput 0.97 -> 1.01 on
-  Fig. 8 ToT, 0.88 -> 1.02 on Ray-blog 8 replicas, 1.01 -> 1.10 on Fig. 9.
+  the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity.
 * ``t_p`` is **floored at the prior** (``tp_floor="prior"``, GORGO Table 1's 0.0938 ms/token):
-  observed TTFTs under load are mostly queueing, and the Theil–Sen slope then often clamps to 0
-  (41 % of decisions on Fig. 8 conv-ShareGPT, 52 % on Ray-blog measured); with ``t_p = 0`` every
-  replica costs 0, ties go to the fewest outstanding requests and prefix affinity vanishes (and
-  the region layer's stay cost drops to 0). On Ray-blog this was the whole throughput gap to
-  SkyLB (8 replicas: 0.88 -> 1.00 with the floor alone). On conv-ShareGPT with the queue term off
-  (q̂ = 0, w_shared = 0, seeds 0/1) the hit rate was 45.3 % vs SkyLB's 49.1 %: the floor alone
-  gives 46.5 %, ``min_match_chars = 0`` alone 46.2 %, both 48.8 %; the age discount changes
-  nothing. ``min_match_chars`` stays 256 (with the queue term on it moves the hit rate by < 0.2
-  points and throughput within seed noise, and it guards against system-prompt pile-up).
+  observed TTFTs under load are mostly queueing, and the Theil–Sen slope then often clamps to 0;
+  with ``t_p = 0`` every replica costs 0, ties go to the fewest outstanding requests and prefix
+  affinity vanishes (and the region layer's stay cost drops to 0).
+
+The measurements behind each term (pooled ``t_p``, ``w_shared``, the floor, ``min_match_chars``,
+the slot wait) are in ``benchmarks/RESULTS.md`` section 8.
 
 The minimum wins; ties go to the fewest outstanding requests. Every request trades its match
 against each replica's load in the same units (seconds) — there is no fleet-wide "balance mode"
@@ -47,11 +41,7 @@ queued tokens and replica count from its heartbeat, forwards sent since the hear
 inflation, RTT EWMA and the snapshot match, and, in the cost of staying when no local replica is
 available, the wait for a local engine slot (``stay_slot_wait``: ``q̂·(ahead+1)/drain_rate``, the
 measured local completion rate; the simulator and the Serve ingress feed it alike through
-``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.region.cost_selector`). Measured
-(``benchmarks/compare_policies.py``): the slot wait changes only network-hard among the simulated
-scenarios, and slightly for the worse (seeds 0-7: P99 TTFT 5.47 -> 5.82 s, GeoPrefix/SkyLB throughput
-1.036 -> 1.031); it is kept because in Ray Serve, without it, a saturated region held bursts (429s)
-while its peers were idle, and one code path for both is the point. Data residency:
+``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.region.cost_selector`). Data residency:
 ``TwoLayerConfig.tenant_regions`` and ``RouteRequest.allowed_regions`` bound every forward.
 """
 

@@ -38,17 +38,14 @@ residual prefill slows every request in flight on the replica that runs it, so e
 ``w_shared · t_p · (L − L_hit) · n`` with ``n`` the requests in flight per replica there (the
 peer's heartbeat ``extra["inflight"]`` plus forwards sent since, over its replicas; for staying,
 this region's own count). A peer that reports no waiting queue but runs a large batch — what SP-P
-availability cannot see — then costs what it costs. Measured on network-hard (seeds 0-3):
-GeoPrefix/SkyLB throughput 0.99 -> 1.03, prefix hit 20.9 % -> 26.7 %, P99 TTFT 5.49 -> 5.16 s.
+availability cannot see — then costs what it costs.
 
 **Wait for a local slot** (``stay_slot_wait``): the selector runs only when no local replica is
 available, i.e. every local engine is at its admission limit (SP-P), so a held request cannot start
 before a running one finishes. The prefill-work terms above do not see that: with the replicas'
 waiting queues empty (SP-P holds requests at the LB, not in the engine) the head of the queue looks
 almost free to keep, although in a decode-bound engine it waits a whole request's decode time for a
-slot. Measured in Ray Serve (3 regions, 2 slots per replica, 40-token decodes of ~0.35 s, RTT
-10-17 ms): stay was priced at 25-40 ms against 33-47 ms for a forward, so a burst was held (and
-refused with 429 past the ingress's ``max_queue``) while both peers were idle. With
+slot (seen in Ray Serve: a burst was held, and refused with 429, while both peers were idle). With
 ``stay_slot_wait`` the cost of staying, when no local replica is available, adds
 
     q̂ · (ahead + 1) / drain_rate
@@ -59,10 +56,8 @@ completions per second over ``drain_window_s``, fed by :meth:`RegionRouter.on_lo
 slots free) and ``ahead`` the requests waiting before this one at this LB (``RegionRouter.set_queue``'s
 ``queue_len``). While the rate is unknown (fewer than ``drain_min_samples`` completions in the
 window) there is no term. ``GEOPREFIX_COST`` sets it; ``GORGO_COST`` does not (GORGO has no such
-term). The simulator and the Serve ingress both feed the same hook. Measured in the simulator
-(``benchmarks/compare_policies.py``): every table unchanged except network-hard, where it costs a
-little (seeds 0-7: P99 TTFT 5.47 -> 5.82 s, GeoPrefix/SkyLB throughput 1.036 -> 1.031, still 1.71x /
-1.45x below SkyLB's / GORGO's P99); kept for the Serve failure above and so that both run one code.
+term). The simulator and the Serve ingress both feed the same hook. What ``w_shared`` and the slot
+wait measured when they were added: ``benchmarks/RESULTS.md`` section 8.
 """
 
 from __future__ import annotations
