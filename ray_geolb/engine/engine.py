@@ -67,9 +67,9 @@ from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from typing import Optional, Sequence
 
-from .profiles import EngineProfile, get_profile
+from .profiles import ADMISSION_FIELDS, EngineProfile, check_admission, get_profile
 
-__all__ = ["EngineConfig", "EngineRequest", "EngineModel", "StepOutput"]
+__all__ = ["EngineConfig", "EngineRequest", "EngineModel", "StepOutput", "request_fits"]
 
 _PENDING, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 
@@ -84,6 +84,15 @@ class EngineConfig:
     ttft_overhead_s: float
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    # admission semantics and SGLang's parameters (see EngineProfile; engine/sglang.py)
+    admission: str = "vllm"
+    sgl_init_new_token_ratio: float = 0.7
+    sgl_min_new_token_ratio_factor: float = 0.14
+    sgl_new_token_ratio_decay_steps: int = 600
+    sgl_schedule_conservativeness: float = 1.0
+    sgl_clip_max_new_tokens: int = 4096
+    sgl_retract_decode_steps: int = 20
+    sgl_max_prefill_tokens: int = 16384
 
     @classmethod
     def from_profile(cls, profile: EngineProfile, **overrides) -> "EngineConfig":
@@ -94,6 +103,7 @@ class EngineConfig:
             block_tokens=profile.block_tokens,
             max_model_len=profile.max_model_len,
             ttft_overhead_s=profile.ttft_overhead_s,
+            **{f: getattr(profile, f) for f in ADMISSION_FIELDS},
         )
         return replace(cfg, **overrides) if overrides else cfg
 
@@ -105,6 +115,7 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{f} must be an int >= 1, got {v!r}")
         if self.ttft_overhead_s < 0:
             raise ValueError(f"EngineConfig.ttft_overhead_s must be >= 0, got {self.ttft_overhead_s!r}")
+        check_admission(self, "EngineConfig")
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,24 @@ class EngineRequest:
     prompt_tokens: int
     output_tokens: int
     block_hashes: Sequence[int] = ()
+    #: the client's max_tokens (None: not sent). vLLM mode ignores it; SGLang reserves KV for it.
+    max_new_tokens: Optional[int] = None
+
+
+def request_fits(cfg, prompt_tokens: int, output_tokens: int, max_new_tokens: Optional[int] = None) -> bool:
+    """Whether an engine with ``cfg`` (an :class:`EngineProfile` or :class:`EngineConfig`) can ever run
+    the request: ``prompt + output <= max_model_len``, its KV fits the cache and, in SGLang mode, its
+    admission reservation fits an empty cache (engine/sglang.py). ``add_request`` rejects the rest."""
+    B = cfg.block_tokens
+    if prompt_tokens + output_tokens > cfg.max_model_len:
+        return False
+    if (prompt_tokens + output_tokens - 1 + B - 1) // B > cfg.num_gpu_blocks:
+        return False
+    if cfg.admission == "sglang":
+        from .sglang import sglang_reservation
+
+        return prompt_tokens + sglang_reservation(cfg, prompt_tokens, max_new_tokens) < cfg.num_gpu_blocks * B
+    return True
 
 
 @dataclass
@@ -129,7 +158,7 @@ class StepOutput:
 class _Seq:
     __slots__ = ("id", "prompt", "max_out", "hashes", "num_tokens", "num_computed",
                  "num_output", "num_blocks", "hashed", "next_hash", "sched", "status",
-                 "arrival", "ready", "resumed")
+                 "arrival", "ready", "resumed", "max_new")
 
     def __init__(self, rid: str, prompt: int, max_out: int, hashes: list, arrival: float,
                  ready: float) -> None:
@@ -154,6 +183,18 @@ class EngineModel:
     #: take :meth:`_decode_step` for all-decode batches (False: always the general path; tests
     #: compare the two)
     decode_fast_path = True
+
+    def __new__(cls, profile: EngineProfile | str, config: Optional[EngineConfig] = None):
+        """``EngineModel(profile)`` is the SGLang model (engine/sglang.py) when the config's (else the
+        profile's) ``admission`` is ``"sglang"``; the vLLM model otherwise."""
+        if cls is EngineModel:
+            mode = config.admission if config is not None else (
+                get_profile(profile) if isinstance(profile, str) else profile).admission
+            if mode == "sglang":
+                from .sglang import SGLangEngineModel
+
+                cls = SGLangEngineModel
+        return super().__new__(cls)
 
     def __init__(self, profile: EngineProfile | str, config: Optional[EngineConfig] = None):
         if isinstance(profile, str):
@@ -203,6 +244,9 @@ class EngineModel:
             raise ValueError(f"request {rid!r}: output_tokens must be an int >= 1, got {o!r}")
         if rid in self._reqs:
             raise ValueError(f"duplicate request id {rid!r}: already in this engine")
+        m = req.max_new_tokens
+        if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < o):
+            raise ValueError(f"request {rid!r}: max_new_tokens must be an int >= output_tokens ({o}), got {m!r}")
         if p + o > self.config.max_model_len:
             raise ValueError(
                 f"request {rid!r}: prompt_tokens + output_tokens = {p + o} exceeds "

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["EngineProfile", "PROFILES", "get_profile", "KV_BYTES_PER_TOKEN_8B"]
+__all__ = ["EngineProfile", "PROFILES", "get_profile", "KV_BYTES_PER_TOKEN_8B", "ADMISSION_MODES",
+           "ADMISSION_FIELDS", "check_admission"]
 
 # 32 layers * 8 KV heads * 128 head_dim * 2 (K and V) * 2 bytes (fp16/bf16)
 KV_BYTES_PER_TOKEN_8B = 32 * 8 * 128 * 2 * 2  # = 131072 B = 128 KiB
@@ -62,6 +63,17 @@ class EngineProfile:
     hbm_bandwidth_bytes_s: float = 0.0
     weight_bytes: int = 0
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN_8B
+    # admission semantics of the engine: "vllm" (v1: no KV reserved for future output) or "sglang"
+    # (reserve KV for expected output, new-token-ratio schedule, retraction; engine/sglang.py).
+    # The sgl_* fields are SGLang's parameters (v0.4.6.post5 defaults) and only used in "sglang" mode.
+    admission: str = "vllm"
+    sgl_init_new_token_ratio: float = 0.7
+    sgl_min_new_token_ratio_factor: float = 0.14
+    sgl_new_token_ratio_decay_steps: int = 600
+    sgl_schedule_conservativeness: float = 1.0
+    sgl_clip_max_new_tokens: int = 4096
+    sgl_retract_decode_steps: int = 20
+    sgl_max_prefill_tokens: int = 16384
 
     def __post_init__(self) -> None:
         for f in ("step_base_s", "prefill_per_token_s", "decode_per_seq_s",
@@ -72,6 +84,7 @@ class EngineProfile:
                   "max_num_batched_tokens", "max_model_len"):
             if getattr(self, f) < 1:
                 raise ValueError(f"profile {self.name!r}: {f} must be >= 1")
+        check_admission(self, f"profile {self.name!r}")
 
     def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
         """Duration (s) of one iteration; 0 if nothing is scheduled."""
@@ -84,6 +97,31 @@ class EngineProfile:
     @property
     def kv_capacity_tokens(self) -> int:
         return self.num_gpu_blocks * self.block_tokens
+
+
+ADMISSION_MODES = ("vllm", "sglang")
+#: the admission fields an EngineProfile and an EngineConfig share (copied by EngineConfig.from_profile)
+ADMISSION_FIELDS = ("admission", "sgl_init_new_token_ratio", "sgl_min_new_token_ratio_factor",
+                    "sgl_new_token_ratio_decay_steps", "sgl_schedule_conservativeness",
+                    "sgl_clip_max_new_tokens", "sgl_retract_decode_steps", "sgl_max_prefill_tokens")
+
+
+def check_admission(obj, what: str) -> None:
+    """ValueError naming the field if ``obj``'s admission fields are out of range."""
+    if obj.admission not in ADMISSION_MODES:
+        raise ValueError(f"{what}: admission must be one of {ADMISSION_MODES}, got {obj.admission!r}")
+    for f in ("sgl_init_new_token_ratio", "sgl_min_new_token_ratio_factor"):
+        v = getattr(obj, f)
+        if not 0.0 <= v <= 1.0:
+            raise ValueError(f"{what}: {f} must be in [0, 1], got {v!r}")
+    if not obj.sgl_schedule_conservativeness >= 0.0:
+        raise ValueError(f"{what}: sgl_schedule_conservativeness must be >= 0, "
+                         f"got {obj.sgl_schedule_conservativeness!r}")
+    for f in ("sgl_new_token_ratio_decay_steps", "sgl_clip_max_new_tokens", "sgl_retract_decode_steps",
+              "sgl_max_prefill_tokens"):
+        v = getattr(obj, f)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{what}: {f} must be an int >= 1, got {v!r}")
 
 
 def _kv_blocks(hbm_bytes: float, weight_bytes: float, util: float = 0.9,

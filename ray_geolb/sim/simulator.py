@@ -49,9 +49,10 @@ done); with ``drain=True`` the requests in flight are completed. Only requests w
 reached the client are counted (throughput, latencies); ``in_flight_at_end`` counts the rest, so
 ``requests_sent == requests_completed + requests_rejected + in_flight_at_end``.
 
-A request too long for the engine (``prompt + output > max_model_len`` or more KV blocks than the
-cache) is *rejected at the client* and counted in ``requests_rejected`` (never silently dropped);
-its program continues as if it had been answered.
+A request too long for the engine (``prompt + output > max_model_len``, more KV blocks than the
+cache, or, on an SGLang engine, a prompt plus its output reservation larger than the cache:
+:func:`~ray_geolb.engine.engine.request_fits`) is *rejected at the client* and counted in
+``requests_rejected`` (never silently dropped); its program continues as if it had been answered.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ray_geolb.engine.engine import EngineModel, EngineRequest
+from ray_geolb.engine.engine import EngineModel, EngineRequest, request_fits
 from ray_geolb.engine.profiles import get_profile
 from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy.availability import ReplicaStats
@@ -152,9 +153,10 @@ class _Run:
 
 class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
-                 "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp")
+                 "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp",
+                 "max_tokens")
 
-    def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send):
+    def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send, max_tokens=None):
         self.rid = rid
         self.run = run
         self.ci = ci
@@ -174,6 +176,7 @@ class _Req:
         self.cross = False
         self.held = False
         self.t_disp = 0.0  # when the serving LB dispatched it to the replica
+        self.max_tokens = max_tokens  # the client's max_tokens (None: not sent)
 
 
 @dataclass
@@ -461,16 +464,14 @@ class Simulator:
         region = run.program.region
         self.c["requests_sent"] += 1
         out = call.output_tokens
-        prof = self.profile
-        B = self._block_tokens
-        if ntok + out > prof.max_model_len or (ntok + out - 1 + B - 1) // B > prof.num_gpu_blocks:
+        if not request_fits(self.profile, ntok, out, call.max_tokens):
             self.c["requests_rejected"] += 1
             self._count("rejected_too_long")
             self._call_done(run, ci)
             return
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
                             region=region, tenant=call.tenant, driver_data=hashes)
-        req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now)
+        req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
         self._inflight += 1
         lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
         d = self._ow(region, lb.region)
@@ -614,7 +615,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ replicas
     def _on_rep_arrive(self, rep: _Replica, req: _Req):
-        rep.engine.add_request(EngineRequest(req.rid, req.prompt, req.out, req.hashes), self.now)
+        rep.engine.add_request(EngineRequest(req.rid, req.prompt, req.out, req.hashes, req.max_tokens), self.now)
         self._reqs[req.rid] = req
         if not rep.stepping:
             self._step(rep)

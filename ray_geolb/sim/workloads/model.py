@@ -23,12 +23,17 @@ class Call:
     prompt: str | None = None
     depends_on: tuple[int, ...] = ()
     tenant: str | None = None
+    #: the client's ``max_tokens`` (None: not sent); ``output_tokens`` never exceeds it. A vLLM engine
+    #: ignores it; an SGLang engine reserves KV for it when it admits the request.
+    max_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("Call needs exactly one of messages or prompt")
         if self.output_tokens < 1:
             raise ValueError(f"output_tokens must be >= 1, got {self.output_tokens}")
+        if self.max_tokens is not None and self.max_tokens < self.output_tokens:
+            raise ValueError(f"max_tokens ({self.max_tokens}) must be >= output_tokens ({self.output_tokens})")
 
     @property
     def text(self) -> str:
