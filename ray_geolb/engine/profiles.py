@@ -30,7 +30,7 @@ x 2 bytes (fp16/bf16) = 131,072 B = 128 KiB per token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = ["EngineProfile", "PROFILES", "get_profile", "KV_BYTES_PER_TOKEN_8B", "ADMISSION_MODES",
            "ADMISSION_FIELDS", "check_admission"]
@@ -222,6 +222,31 @@ LLAMA31_8B_L4 = EngineProfile(
 )
 
 # ---------------------------------------------------------------------------------------
+# llama3.1-8b-l4-sglang
+# SkyLB ran Llama-3.1-8B-Instruct "via SGLang" on one L4 per replica (§5 "Experiment setup"), so its
+# experiments use this profile: the same GPU and step-time model as llama3.1-8b-l4, with SGLang's
+# admission semantics and defaults (v0.4.6.post5, engine/sglang.py):
+#  * KV: mem_fraction_static 0.88 for tp=1 (srt/server_args.py:246-261): 23,034 MiB * 0.88
+#    - 16.06 GB = 39,616 tokens = 2,476 blocks (SGLang sizes its pool from the memory left after
+#    loading the weights; CUDA context and activations lower it somewhat on a real L4).
+#  * max_running_requests = min(pool tokens // 2, req_to_token pool size) = 2,049 on an L4
+#    (srt/managers/tp_worker.py:119-127, srt/model_executor/model_runner.py:845-853, 903-904):
+#    KV binds first.
+#  * chunked_prefill_size 2,048 on GPUs under 25,000 MiB (server_args.py:271-277), kept in
+#    max_num_batched_tokens; max_prefill_tokens 16,384; new-token ratio 0.7 / 0.14 / 600 decode
+#    steps; clip 4,096; retract_decode_steps 20 (the sgl_* field defaults).
+# ---------------------------------------------------------------------------------------
+LLAMA31_8B_L4_SGLANG = replace(
+    LLAMA31_8B_L4,
+    name="llama3.1-8b-l4-sglang",
+    source=(LLAMA31_8B_L4.source + "; SGLang v0.4.6.post5 admission (SkyLB's engine): KV from "
+            "23,034 MiB * 0.88 - 16.06 GB, max_running_requests 2,049, chunked prefill 2,048"),
+    num_gpu_blocks=_kv_blocks(_L4_HBM, _LLAMA8B_W, util=0.88),  # 2,476
+    max_num_seqs=2049,
+    admission="sglang",
+)
+
+# ---------------------------------------------------------------------------------------
 # llama3.1-8b-h100  (DATASHEET-DERIVED ESTIMATE, not fitted to a TTFT measurement)
 # Source: NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s dense bf16.
 #  * decode floor: 16.06 GB / 3.35 TB/s = 4.8 ms; with the same ~60 % achieved bandwidth
@@ -257,7 +282,7 @@ LLAMA31_8B_H100 = EngineProfile(
 )
 
 PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (MISTRAL_7B_A100, LLAMA31_8B_L4, LLAMA31_8B_H100)
+    p.name: p for p in (MISTRAL_7B_A100, LLAMA31_8B_L4, LLAMA31_8B_L4_SGLANG, LLAMA31_8B_H100)
 }
 
 

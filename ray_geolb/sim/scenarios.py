@@ -11,9 +11,16 @@ and :func:`run_one` turns one into a metrics summary (see ``metrics.summarize``)
 
 Scenarios (``SCENARIOS``):
 
+SkyLB's experiments (Fig. 8 / 9 / 10) run on ``llama3.1-8b-l4-sglang`` by default: SkyLB served
+Llama-3.1-8B-Instruct with SGLang on L4s (§5), so the engine admits with SGLang's KV reservation
+(``engine/sglang.py``). Their clients send ``max_tokens=256`` (SkyLB's benchmark client, SGLang's ToT
+benchmark): ToT nodes write 256 tokens each, conversation replies are cut at 256 tokens
+(``SKYLB_TOT_KW``, ``SKYLB_CONV_KW``). The other scenarios keep their engines (vLLM semantics).
+
 * ``skylb-fig8``: multi-region macro-benchmark. Panels: ``conv-sharegpt`` (ShareGPT conversations
   standing in for ChatBot Arena: 80 clients per region, replicas 4/4/4), ``conv-wildchat`` (WildChat,
-  40/30/30 clients, unbalanced replicas 3/3/2), ``tot`` (2-branch ToT, 40/20/20 clients, 4/4/4),
+  40/30/30 clients, unbalanced replicas US 3 / Europe 2 / Asia 3, §5.1), ``tot`` (2-branch ToT,
+  40/20/20 clients, 4/4/4),
   ``mixed-tot`` (US 2 clients x 4-branch, EU/Asia 20 x 2-branch, 4/4/4). Systems: SkyLB, SkyLB-CH,
   one-LB-in-the-US RR / LL / CH / SGL, plus P2C, Ray prefix and the oracle.
 * ``skylb-fig9``: one region, 4 replicas, 30 clients, ToT 2-branch: BP vs SP-O vs SP-P (SGLang router).
@@ -64,6 +71,9 @@ DEFAULT_DURATION = {"skylb-fig8": 120.0, "skylb-fig9": 120.0, "skylb-fig10": 120
 GORGO_SYSTEMS = ["gorgo", "gorgo-proxy", "geoprefix", "skylb", "ll", "sgl"]
 GORGO_REGION_MAP = {"us": "us-west", "eu": "germany", "asia": "israel"}
 HARD_REGION_MAP = {"us": "us-east", "eu": "ca"}
+SKYLB_PROFILE = "llama3.1-8b-l4-sglang"
+SKYLB_TOT_KW = {"max_tokens": 256, "thought_tokens": 256}
+SKYLB_CONV_KW = {"max_tokens": 256}
 
 
 def _scaled(d: Dict[str, int], scale: float) -> Dict[str, int]:
@@ -77,14 +87,16 @@ def _run(label, group, system, replicas, workload, sim, deploy=None) -> dict:
 
 def _fig8(scale, duration, seed, systems=None, profile=None) -> List[dict]:
     panels = [
-        ("conv-sharegpt", {"name": "conversation:sharegpt", "kw": {"clients": {"us": 80, "eu": 80, "asia": 80}}},
+        ("conv-sharegpt", {"name": "conversation:sharegpt",
+                           "kw": {"clients": {"us": 80, "eu": 80, "asia": 80}, **SKYLB_CONV_KW}},
          {"us": 4, "eu": 4, "asia": 4}),
-        ("conv-wildchat", {"name": "conversation:wildchat", "kw": {"clients": {"us": 40, "eu": 30, "asia": 30}}},
-         {"us": 3, "eu": 3, "asia": 2}),
-        ("tot", {"name": "tot", "kw": {"branching": 2, "clients": {"us": 40, "eu": 20, "asia": 20}}},
+        ("conv-wildchat", {"name": "conversation:wildchat",
+                           "kw": {"clients": {"us": 40, "eu": 30, "asia": 30}, **SKYLB_CONV_KW}},
+         {"us": 3, "eu": 2, "asia": 3}),
+        ("tot", {"name": "tot", "kw": {"branching": 2, "clients": {"us": 40, "eu": 20, "asia": 20}, **SKYLB_TOT_KW}},
          {"us": 4, "eu": 4, "asia": 4}),
         ("mixed-tot", {"name": "mixed-tot", "kw": {"clients": {"us": 2, "eu": 20, "asia": 20},
-                                                   "branching": {"us": 4, "eu": 2, "asia": 2}}},
+                                                   "branching": {"us": 4, "eu": 2, "asia": 2}, **SKYLB_TOT_KW}},
          {"us": 4, "eu": 4, "asia": 4}),
     ]
     runs = []
@@ -92,26 +104,27 @@ def _fig8(scale, duration, seed, systems=None, profile=None) -> List[dict]:
         wl = {"name": wl["name"], "kw": dict(wl["kw"], clients=_scaled(wl["kw"]["clients"], scale), seed=seed)}
         for s in systems or FIG8_SYSTEMS:
             runs.append(_run(f"{group}/{s}", group, s, _scaled(reps, scale), wl,
-                             {"duration_s": duration, "seed": seed}, {"profile": profile} if profile else None))
+                             {"duration_s": duration, "seed": seed}, {"profile": profile or SKYLB_PROFILE}))
     return runs
 
 
 def _fig9(scale, duration, seed, systems=None, profile=None) -> List[dict]:
-    wl = {"name": "tot", "kw": {"branching": 2, "clients": _scaled({"us": 30}, scale), "seed": seed}}
+    wl = {"name": "tot", "kw": {"branching": 2, "clients": _scaled({"us": 30}, scale), "seed": seed, **SKYLB_TOT_KW}}
     return [_run(f"tot-1region/{s}", "tot-1region", s, _scaled({"us": 4}, scale), wl,
-                 {"duration_s": duration, "seed": seed}, {"profile": profile} if profile else None)
+                 {"duration_s": duration, "seed": seed}, {"profile": profile or SKYLB_PROFILE})
             for s in systems or ["bp", "sp-o", "sp-p"]]
 
 
 def _fig10(scale, duration, seed, systems=None, profile=None) -> List[dict]:
-    wl = {"name": "diurnal", "kw": {"clients": _scaled({"us": 120, "eu": 40, "asia": 40}, scale), "seed": seed}}
+    wl = {"name": "diurnal", "kw": {"clients": _scaled({"us": 120, "eu": 40, "asia": 40}, scale), "seed": seed,
+                                    **SKYLB_CONV_KW}}
     runs = []
     for per in (2, 3, 4):
         reps = _scaled({"us": per, "eu": per, "asia": per}, scale)
         n = sum(reps.values())
         for s in systems or ["region-local", "skylb"]:
             runs.append(_run(f"{n}rep/{s}", f"{n} replicas", s, reps, wl,
-                             {"duration_s": duration, "seed": seed}, {"profile": profile} if profile else None))
+                             {"duration_s": duration, "seed": seed}, {"profile": profile or SKYLB_PROFILE}))
     return runs
 
 

@@ -60,10 +60,13 @@ def salt_for(region: str, cycle: int) -> str:
 
 def conversation_program(conv: Conversation, program_id: str, region: str, *, salt: str = "",
                          session_key: str | None = None, tenant: str | None = None,
-                         max_turns: int | None = None) -> Program:
+                         max_turns: int | None = None, max_tokens: int | None = None) -> Program:
     """A conversation as a program: call k sends system? + u1 + a1 + ... + u_k and depends on call k-1.
 
     ``salt`` is prepended to the first user message (used to make re-used conversations distinct users).
+    ``max_tokens``: the client sends it, so a reply is at most that long, and the history replays the
+    reply as the model would have cut it (its first ``4 * max_tokens`` characters; SkyLB's client
+    replays the model's own replies). None: the dataset's replies (at most 1,024 tokens), no max_tokens.
     """
     key = session_key or conv.session_key
     turns = conv.turns if max_turns is None else conv.turns[:max_turns]
@@ -73,8 +76,12 @@ def conversation_program(conv: Conversation, program_id: str, region: str, *, sa
         if k == 0 and salt:
             user = salt + user
         history.append({"role": "user", "content": user})
-        calls.append(Call(messages=list(history), output_tokens=output_tokens_for(reply), session_key=key,
-                          depends_on=(k - 1,) if k else (), tenant=tenant))
+        out = output_tokens_for(reply)
+        if max_tokens is not None:
+            out = min(out, max_tokens)
+            reply = reply[: 4 * max_tokens]
+        calls.append(Call(messages=list(history), output_tokens=out, session_key=key,
+                          depends_on=(k - 1,) if k else (), tenant=tenant, max_tokens=max_tokens))
         history.append({"role": "assistant", "content": reply})
     return Program(program_id, region, calls)
 
@@ -119,7 +126,8 @@ def partition_conversations(convs: list[Conversation], clients: dict[str, int], 
 
 
 def conversation_stream(pool: list[Conversation], region: str, source: str, seed: int,
-                        max_turns: int | None = None, salt_first_cycle: bool = False) -> ProgramStream:
+                        max_turns: int | None = None, salt_first_cycle: bool = False,
+                        max_tokens: int | None = None) -> ProgramStream:
     """Infinite stream over a region's pool: each cycle is a fresh seeded permutation; programs of
     cycle >= 1 (or every cycle when ``salt_first_cycle``) get a salt and ``#c<cycle>`` ids/keys."""
     n = len(pool)
@@ -136,22 +144,26 @@ def conversation_stream(pool: list[Conversation], region: str, source: str, seed
         suffix = f"#{region}.c{cycle}" if salted else ""
         return conversation_program(conv, f"{source}:{region}:{i}:{conv.conv_id}{suffix}", region,
                                     salt=salt_for(region, cycle) if salted else "",
-                                    session_key=conv.session_key + suffix, max_turns=max_turns)
+                                    session_key=conv.session_key + suffix, max_turns=max_turns,
+                                    max_tokens=max_tokens)
 
     return ProgramStream(make)
 
 
 def conversation(source: str = "sharegpt", clients: dict[str, int] | None = None,
                  path: str | Path | None = None, seed: int = 0, *, max_turns: int | None = None,
-                 max_message_chars: int | None = 4000, think_time_s: float = 0.0) -> Workload:
-    """Closed-loop multi-turn chat. Each region's clients take conversations from that region's pool."""
+                 max_message_chars: int | None = 4000, think_time_s: float = 0.0,
+                 max_tokens: int | None = None) -> Workload:
+    """Closed-loop multi-turn chat. Each region's clients take conversations from that region's pool.
+    ``max_tokens``: the client's max_tokens (see :func:`conversation_program`)."""
     clients = dict(DEFAULT_CLIENTS if clients is None else clients)
     convs = load_conversations(source, path, max_message_chars=max_message_chars)
     if not convs:
         raise ValueError(f"no usable {source} conversations in {path or 'the shipped fixture'}")
     pools = partition_conversations(convs, clients, source, seed)
     shared = {r for r in clients if len(pools[r]) == len(convs) and len(clients) > 1}
-    streams = {r: conversation_stream(pools[r], r, source, seed, max_turns, salt_first_cycle=r in shared)
+    streams = {r: conversation_stream(pools[r], r, source, seed, max_turns, salt_first_cycle=r in shared,
+                                      max_tokens=max_tokens)
                for r in clients}
     return Workload(
         name=f"conversation:{source}",

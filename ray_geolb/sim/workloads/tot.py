@@ -1,4 +1,13 @@
-"""Tree-of-Thoughts on GSM8K (SkyLB §5.1: depth 4, 2-branch = 15 calls, 4-branch = 85 calls)."""
+"""Tree-of-Thoughts on GSM8K (SkyLB §5.1: depth 4, 2-branch = 15 calls, 4-branch = 85 calls).
+
+Output lengths: by default each node writes as many tokens as its question's GSM8K reference
+rationale (``thought_tokens_for``: median 53 on the fixture), and sends no ``max_tokens``. SkyLB's
+benchmark client and SGLang's ``tree_of_thought_deep`` benchmark send ``max_tokens=256`` to
+Llama-3.1-8B-Instruct; the SkyLB scenarios (``sim/scenarios.py``) pass ``max_tokens=256`` and
+``thought_tokens=256``: every node writes its whole budget, an upper bound on the real model's
+(unmeasured) outputs. ``fork_root=True`` forks at the root too, as that client and benchmark do
+(2 + 4 + 8 + 16 = 30 calls per 2-branch tree instead of the paper's 15).
+"""
 
 from __future__ import annotations
 
@@ -42,26 +51,33 @@ def thought_text(q: GsmQuestion, path: tuple[int, ...], n_chars: int, seed: int)
 
 def tot_program(q: GsmQuestion, branching: int, region: str, program_id: str, *, depth: int = DEFAULT_DEPTH,
                 seed: int = 0, salt: str = "", session_key: str | None = None,
-                thought_tokens: int | None = None, tenant: str | None = None) -> Program:
-    """A tree of 1 + b + ... + b^(depth-1) calls in BFS order; each child depends on its parent.
+                thought_tokens: int | None = None, tenant: str | None = None,
+                max_tokens: int | None = None, fork_root: bool = False) -> Program:
+    """A tree of 1 + b + ... + b^(depth-1) calls in BFS order (b + ... + b^depth with ``fork_root``);
+    each child depends on its parent.
 
     Node prompt = instruction + [salt] + question + one ``"Thought: ..."`` line per ancestor, so a
     parent's prompt is a strict prefix of each child's prompt (the parent's output is appended).
+    Each node writes ``thought_tokens`` (default: the question's rationale length), clipped to
+    ``max_tokens`` when the client sends one.
     """
     if branching < 1 or depth < 1:
         raise ValueError(f"branching and depth must be >= 1, got {branching}, {depth}")
     out_tok = thought_tokens or thought_tokens_for(q)
+    if max_tokens is not None:
+        out_tok = min(out_tok, max_tokens)
     key = session_key or f"gsm8k-{q.idx}"
     root_prompt = f"{TOT_INSTRUCTION}{salt}Question: {q.question}\n"
     calls: list[Call] = []
     # frontier entries: (call index, path, prompt)
-    frontier: list[tuple[int | None, tuple[int, ...], str]] = [(None, (), root_prompt)]
+    frontier: list[tuple[int | None, tuple[int, ...], str]] = (
+        [(None, (b,), root_prompt) for b in range(branching)] if fork_root else [(None, (), root_prompt)])
     for level in range(depth):
         nxt = []
         for parent, path, prompt in frontier:
             idx = len(calls)
             calls.append(Call(prompt=prompt, output_tokens=out_tok, session_key=key,
-                              depends_on=() if parent is None else (parent,), tenant=tenant))
+                              depends_on=() if parent is None else (parent,), tenant=tenant, max_tokens=max_tokens))
             if level + 1 < depth:
                 thought = thought_text(q, path, out_tok * 4, seed)
                 child_prompt = prompt + f"Thought: {thought}\n"
@@ -70,8 +86,8 @@ def tot_program(q: GsmQuestion, branching: int, region: str, program_id: str, *,
     return Program(program_id, region, calls)
 
 
-def tot_size(branching: int, depth: int = DEFAULT_DEPTH) -> int:
-    return sum(branching ** d for d in range(depth))
+def tot_size(branching: int, depth: int = DEFAULT_DEPTH, fork_root: bool = False) -> int:
+    return sum(branching ** d for d in range(1 if fork_root else 0, depth + (1 if fork_root else 0)))
 
 
 def _question_pools(qs: list[GsmQuestion], regions: list[str], seed: int) -> dict[str, list[GsmQuestion]]:
@@ -82,7 +98,7 @@ def _question_pools(qs: list[GsmQuestion], regions: list[str], seed: int) -> dic
 
 
 def _stream(pool: list[GsmQuestion], region: str, branching: int, seed: int, depth: int,
-            thought_tokens: int | None) -> ProgramStream:
+            thought_tokens: int | None, **node_kw) -> ProgramStream:
     n = len(pool)
 
     def make(i: int) -> Program:
@@ -91,17 +107,19 @@ def _stream(pool: list[GsmQuestion], region: str, branching: int, seed: int, dep
         suffix = f"#{region}.c{cycle}" if cycle else ""
         return tot_program(q, branching, region, f"tot{branching}:{region}:{i}:q{q.idx}{suffix}", depth=depth,
                            seed=seed, salt=f"[{region}#{cycle}] " if cycle else "",
-                           session_key=f"gsm8k-{q.idx}{suffix}", thought_tokens=thought_tokens)
+                           session_key=f"gsm8k-{q.idx}{suffix}", thought_tokens=thought_tokens, **node_kw)
 
     return ProgramStream(make)
 
 
 def tot(branching: int | dict[str, int] = 2, clients: dict[str, int] | None = None,
         path: str | Path | None = None, seed: int = 0, *, depth: int = DEFAULT_DEPTH,
-        thought_tokens: int | None = None, think_time_s: float = 0.0, name: str | None = None) -> Workload:
+        thought_tokens: int | None = None, think_time_s: float = 0.0, name: str | None = None,
+        max_tokens: int | None = None, fork_root: bool = False) -> Workload:
     """Closed-loop ToT. ``branching`` may be per region. Regions get disjoint, seeded slices of the
     questions; a region that exhausts its slice repeats it with a salt (``[region#cycle]`` after the
-    instruction) and ``#<region>.c<cycle>`` keys, so repeats are new trees that still share the instruction."""
+    instruction) and ``#<region>.c<cycle>`` keys, so repeats are new trees that still share the instruction.
+    ``thought_tokens`` / ``max_tokens`` / ``fork_root``: see the module docstring."""
     clients = dict({"us": 40, "eu": 20, "asia": 20} if clients is None else clients)
     qs = load_gsm8k(path)
     if not qs:
@@ -111,12 +129,13 @@ def tot(branching: int | dict[str, int] = 2, clients: dict[str, int] | None = No
     if missing:
         raise ValueError(f"tot: no branching factor for regions {missing}")
     pools = _question_pools(qs, list(clients), seed)
-    streams = {r: _stream(pools[r], r, br[r], seed, depth, thought_tokens) for r in clients}
+    streams = {r: _stream(pools[r], r, br[r], seed, depth, thought_tokens, max_tokens=max_tokens, fork_root=fork_root)
+               for r in clients}
     return Workload(
         name=name or "tot",
         description=f"Tree-of-Thoughts on GSM8K, depth {depth}, branching {br}, clients {clients}",
         closed=ClosedLoopSpec(clients=clients, programs=streams, think_time_s=think_time_s),
-        meta={"branching": br, "depth": depth, "seed": seed},
+        meta={"branching": br, "depth": depth, "seed": seed, "max_tokens": max_tokens, "fork_root": fork_root},
     )
 
 
