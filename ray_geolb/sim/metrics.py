@@ -9,6 +9,10 @@
   (:mod:`ray_geolb.percentile`, numpy's default);
 * ``prefix_hit_rate``: engine prefix-cache hit tokens / queried prompt tokens, summed over replicas
   (vLLM's ``prefix_cache_stats``; recomputation after preemption is not counted);
+* ``ideal_prefix_hit_rate``: the ideal bound of the same trace (one unlimited cache that sees every
+  request, :class:`~ray_geolb.sim.observe.IdealPrefixCache`);
+* ``load``: engine load per replica (outstanding, running, waiting, KV usage: mean/p50/p90/max over
+  samples) and the share of replica reports that said something was waiting (``sim/observe.py``);
 * ``outstanding_cv`` / ``outstanding_max_over_min``: per-replica outstanding requests (engine-side:
   waiting + running), sampled every ``sample_period_s`` while anything is outstanding, time-averaged;
   max/min uses max(1, min);
@@ -74,6 +78,8 @@ def summarize(result) -> Dict[str, Any]:
         "e2e_s": percentiles([r[2] for r in reqs]),
         "lb_queue_s": percentiles([r[5] for r in reqs]),
         "prefix_hit_rate": hits / queries if queries else 0.0,
+        "ideal_prefix_hit_rate": (result.ideal or {}).get("hit_rate"),
+        "load": result.load,
         "cross_region_share": (sum(1 for r in reqs if r[6]) / len(reqs)) if reqs else 0.0,
         "outstanding_cv": _mean(s.get("outstanding_cv", [])),
         "outstanding_max_over_min": _mean(s.get("outstanding_max_min", [])),

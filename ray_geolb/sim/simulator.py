@@ -74,6 +74,7 @@ from ray_geolb.policy.region.config import TwoLayerConfig
 from ray_geolb.policy.region.router import PeerState, RegionRouter
 
 from .deploy import DeploymentSpec
+from .observe import IdealPrefixCache, LoadSampler
 
 __all__ = ["SimConfig", "Simulator", "SimResult", "simulate"]
 
@@ -193,6 +194,9 @@ class SimResult:
     engine_stats: Dict[str, dict]
     samples: Dict[str, List[float]]
     decisions: Dict[str, int]
+    #: the ideal prefix-hit bound of this run's trace and the engines' load (sim/observe.py)
+    ideal: Optional[dict] = None
+    load: Optional[dict] = None
 
 
 class Simulator:
@@ -293,6 +297,8 @@ class Simulator:
         self._open_iter: Optional[Iterator] = None
         self._out_of_programs = False
         self._reqs: Dict[str, _Req] = {}
+        self.ideal = IdealPrefixCache(self._block_tokens)
+        self.load = LoadSampler()
 
     def _central_rtt_fn(self, lb_region: str):
         """GORGO-proxy's network term: the RTT a request pays on its way client -> proxy -> replica.
@@ -469,6 +475,7 @@ class Simulator:
             self._count("rejected_too_long")
             self._call_done(run, ci)
             return
+        self.ideal.observe(ntok, hashes)
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
                             region=region, tenant=call.tenant, driver_data=hashes)
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
@@ -578,6 +585,7 @@ class Simulator:
         dep = self.dep
         st = ReplicaStats.from_dict(rep.engine.stats(), default_timestamp=now)
         self.c["stats_reports"] += 1
+        self.load.report(st.num_waiting)
         lag = dep.stats_lag_s
         for lb in rep.lbs:
             self._push(now + lag + self._ow(rep.region, lb.region), _STATS_DELIVER, lb, (rep.id, st))
@@ -675,6 +683,7 @@ class Simulator:
             s["outstanding_max_min"].append(max(outs) / max(1, min(outs)))
             s["outstanding_spread"].append(max(outs) - min(outs))
             s["lb_queue"].append(sum(len(lb.queue) for lb in self.lbs.values()))
+            self.load.sample(r.engine for r in self.replicas.values())
         self._push(self.now + self.cfg.sample_period_s, _SAMPLE)
 
     def _result(self, elapsed: float) -> SimResult:
@@ -695,6 +704,8 @@ class Simulator:
             engine_stats=eng,
             samples=self.samples,
             decisions=dict(self.decisions),
+            ideal=self.ideal.summary(),
+            load=self.load.summary(),
         )
 
 
