@@ -8,7 +8,8 @@ measured offline (Table 1: ``TTFT = 150.72 ms + 0.0938 ms/token × input tokens`
 of pairwise slopes, intercept = median of ``y - slope·x``): breakdown point ≈ 29 %, so queueing
 spikes and stragglers in the window do not drag the fit. Until a key has ``min_samples`` samples
 with enough spread in ``x``, the pooled fit is used, and until the pool has them, the prior (GORGO
-Table 1). The slope is clamped to ``[0, max_tp_s]`` and the intercept to ``>= 0``.
+Table 1). The slope is clamped to ``[0, max_tp_s]`` and the intercept to ``>= 0``. With
+``online=False`` the prior line is used as is: GORGO's own setting (a constant measured offline).
 
 Observed TTFTs also contain queueing; that is what the robust fit is for, and why the window is
 bounded (rates change with batch composition, GORGO §6).
@@ -48,6 +49,8 @@ class TtftModelConfig(_Strict):
     max_tp_s: float = Field(0.05, gt=0.0, description="upper clamp on a fitted t_p")
     max_pairs: int = Field(4096, ge=16, description="pairwise slopes evaluated per fit (evenly strided beyond this)")
     refit_every: int = Field(4, ge=1, description="refit a key after this many new samples (a fit is O(window^2))")
+    online: bool = Field(True, description="learn the line from observed TTFTs; False: always the prior line "
+                                           "(GORGO §4.2: t_p measured offline and kept constant)")
 
 
 _TRIU: Dict[int, Tuple["np.ndarray", "np.ndarray"]] = {}
@@ -100,7 +103,9 @@ class TtftModel:
         self._w: Dict[Hashable, _Window] = {}
 
     def observe(self, key: Hashable, uncached_tokens: float, ttft_s: float) -> bool:
-        """Add a sample; False (ignored) if it is not a finite non-negative pair."""
+        """Add a sample; False (ignored) if it is not a finite non-negative pair, or the model is not online."""
+        if not self.config.online:
+            return False
         try:
             x, y = float(uncached_tokens), float(ttft_s)
         except (TypeError, ValueError):
@@ -145,6 +150,8 @@ class TtftModel:
 
     def line(self, key: Hashable = POOLED) -> Tuple[float, float, str]:
         """(base_s, t_p_s, source) where source is 'key', 'pooled' or 'prior'."""
+        if not self.config.online:
+            return self.config.prior_base_s, self.config.prior_tp_s, "prior"
         f = self._fit(key) if key != POOLED else None
         if f is not None:
             return f[0], f[1], "key"

@@ -29,9 +29,15 @@ the issue-5 systems, each with its paper's intended deployment:
 
 * ``gorgo`` — GORGO (§3.3): one LB per region, local GORGO cost policy (SP-P admission), layer 1 =
   the ``cost`` selector with ``GORGO_COST`` (RTT + residual prefill; the peer's queue left out, as in
-  GORGO's code; staying is an option when the local queue estimate is cheaper);
+  GORGO's code; staying is an option when the local queue estimate is cheaper). ``t_p`` is GORGO's
+  measured constant (§4.2, Table 1: the TTFT-vs-input-tokens slope of the serving engine), here the
+  deployment's engine profile's batch-1 TTFT line: ``t_p = prefill_per_token_s + attn_per_ctx_token_s``,
+  base ``= ttft_overhead_s + step_base_s`` (:func:`gorgo_ttft_line`; on ``mistral-7b-a100`` exactly
+  GORGO's 150.72 ms + 0.0938 ms/token);
+* ``gorgo-online`` — the same with ``t_p`` learned online from observed TTFTs (no floor), the
+  variant this project ran as ``gorgo`` before;
 * ``gorgo-proxy`` — GORGO-proxy (§4.4): ONE central HTTP proxy running the GORGO cost over every
-  replica of every region, network term = RTT client -> proxy -> replica;
+  replica of every region, network term = RTT client -> proxy -> replica, constant ``t_p`` as ``gorgo``;
 * ``geoprefix`` — ours: per-region LBs, ``geoprefix`` local policy, ``cost`` selector with
   ``GEOPREFIX_COST`` (remote queue included);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
@@ -39,6 +45,9 @@ the issue-5 systems, each with its paper's intended deployment:
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
   per-region deployment of a blind-pushing router would never forward, i.e. be region-local);
 * ``flowkv`` — FlowKV's global controller (Alg. 1): one central scheduler over all nodes.
+
+A recipe's ``policy`` may be a function of the deployment's :class:`EngineProfile` (GORGO's constant
+``t_p`` is the engine's); :func:`deployment_for` resolves it, so ``DeploymentSpec.policy`` is plain data.
 
 New systems are one :func:`register_system` call each.
 """
@@ -49,12 +58,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.engine.network import RegionNetwork
-from ray_geolb.engine.profiles import PROFILES
+from ray_geolb.engine.profiles import PROFILES, EngineProfile, get_profile
 from ray_geolb.policy.region.config import GEOPREFIX_COST, GORGO_COST
 
 __all__ = [
     "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
-    "parse_regions", "LB_KINDS", "DEFAULT_PROFILE", "NETWORKS", "resolve_network",
+    "parse_regions", "LB_KINDS", "DEFAULT_PROFILE", "NETWORKS", "resolve_network", "gorgo_ttft_line",
 ]
 
 LB_KINDS = ("per-region", "region-local", "central")
@@ -186,19 +195,38 @@ register_system("ch", "central", "consistent_hash", "one LB in the US, consisten
 register_system("sgl", "central", "sglang", "one LB in the US, SGLang cache-aware router")
 register_system("p2c", "central", "power_of_two", "one LB in the US, power of two choices (Ray Serve default)")
 register_system("ray-prefix", "central", "ray_prefix", "one LB in the US, Ray PrefixCacheAffinityRouter-like")
-register_system("oracle", "central", "oracle", "one LB in the US with every replica's real prefix cache (upper bound)")
+register_system("oracle", "central", "oracle",
+                "central cache-aware LB with perfect knowledge: one LB in the US that sees every replica's real "
+                "prefix cache (not an upper bound: the ideal bound is sim/observe.py)")
 register_system("bp", "central", {"name": "sglang", "availability": {"mode": "bp"}},
                 "one region, SGLang router, blind pushing (Fig. 9)", single_region=True)
 register_system("sp-o", "central", {"name": "sglang", "availability": {"mode": "sp-o"}},
                 "one region, SGLang router, selective pushing by outstanding requests (Fig. 9)", single_region=True)
 register_system("sp-p", "central", {"name": "sglang", "availability": {"mode": "sp-p"}},
                 "one region, SGLang router, selective pushing by pending requests (Fig. 9)", single_region=True)
-register_system("gorgo", "per-region", "gorgo",
-                "GORGO: per-region LBs, GORGO cost locally, cost selector without the peer's queue",
+def gorgo_ttft_line(profile: EngineProfile) -> Dict[str, Any]:
+    """GORGO's constant TTFT line on ``profile`` (§4.2: measured offline, TTFT vs input tokens at batch 1):
+    the ``ttft`` config of a cost policy that does not learn online."""
+    return {"online": False, "prior_tp_s": profile.prefill_per_token_s + profile.attn_per_ctx_token_s,
+            "prior_base_s": profile.ttft_overhead_s + profile.step_base_s}
+
+
+def _gorgo_fixed(name: str) -> Callable[[EngineProfile], Dict[str, Any]]:
+    def policy(profile: EngineProfile) -> Dict[str, Any]:
+        return {"name": name, "ttft": gorgo_ttft_line(profile)}
+
+    return policy
+
+
+register_system("gorgo", "per-region", _gorgo_fixed("gorgo"),
+                "GORGO: per-region LBs, GORGO cost locally with the engine's constant t_p, cost selector without "
+                "the peer's queue", two_layer={"remote": "cost", "cost": dict(GORGO_COST)})
+register_system("gorgo-online", "per-region", "gorgo",
+                "GORGO with t_p learned online from observed TTFTs (no floor)",
                 two_layer={"remote": "cost", "cost": dict(GORGO_COST)})
-register_system("gorgo-proxy", "central", "gorgo_proxy",
-                "GORGO-proxy: one central proxy, GORGO cost over every replica, RTT client->proxy->replica",
-                rtt_aware=True)
+register_system("gorgo-proxy", "central", _gorgo_fixed("gorgo_proxy"),
+                "GORGO-proxy: one central proxy, GORGO cost (constant t_p) over every replica, "
+                "RTT client->proxy->replica", rtt_aware=True)
 register_system("geoprefix", "per-region", "geoprefix",
                 "GeoPrefix (ours): per-region LBs, per-request TTFT cost, cost selector with the peer's queue",
                 two_layer={"remote": "cost", "cost": dict(GEOPREFIX_COST)})
@@ -308,7 +336,10 @@ def deployment_for(system: Any, replicas: Dict[str, int], *, network: Optional[R
     tl.update(overrides.pop("two_layer", {}) or {})
     network = resolve_network(overrides.pop("network", network))
     overrides.setdefault("rtt_aware", rec.rtt_aware)
-    spec = DeploymentSpec(replicas=reps, lb_kind=rec.lb_kind, policy=overrides.pop("policy", rec.policy),
+    policy = overrides.pop("policy", rec.policy)
+    if callable(policy):
+        policy = policy(get_profile(overrides.get("profile", DEFAULT_PROFILE)))
+    spec = DeploymentSpec(replicas=reps, lb_kind=rec.lb_kind, policy=policy,
                           central_region=creg, two_layer=tl, network=network, system=rec.name, **overrides)
     return spec
 

@@ -64,3 +64,15 @@ def test_observed_ttfts_reach_the_policy_model_through_on_complete():
     pol.on_dispatch(req, "b", 9.0)
     pol.on_complete(req.request_id, "b", 9.5, ttft_s=3.0, ok=False, req=req)
     assert pol.ttft.samples("b") == 0  # a failed request teaches nothing
+
+
+def test_a_model_that_is_not_online_keeps_its_measured_line():
+    """GORGO's own setting (§4.2): t_p measured offline and kept, whatever TTFTs are observed."""
+    m = TtftModel(TtftModelConfig(online=False, prior_tp_s=4.8e-4, prior_base_s=0.0535, min_samples=3))
+    for i in range(50):
+        assert m.observe("r", 100 + 10 * i, 5.0) is False  # queueing-dominated samples: ignored
+    assert m.line("r") == (0.0535, 4.8e-4, "prior") and m.samples("r") == 0
+    learner = TtftModel(TtftModelConfig(min_samples=3))
+    for i in range(50):
+        learner.observe("r", 100 + 10 * i, 5.0)
+    assert learner.t_p("r") == 0.0  # the online fit of the same samples clamps to 0

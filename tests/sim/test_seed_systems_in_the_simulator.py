@@ -46,7 +46,17 @@ def test_issue5_systems_have_their_intended_deployment():
     assert (g.lb_kind == "per-region" and g.two_layer["remote"] == "cost"
             and g.two_layer["cost"]["remote_queue"] is False)
     gp = deployment_for("gorgo-proxy", reps, **kw)
-    assert gp.lb_kind == "central" and gp.rtt_aware and gp.policy == "gorgo_proxy"
+    assert gp.lb_kind == "central" and gp.rtt_aware and gp.policy["name"] == "gorgo_proxy"
+    # GORGO's t_p is a measured constant (§4.2): the engine profile's batch-1 TTFT line, not learned online
+    a100 = get_profile("mistral-7b-a100")
+    for d in (g, gp, deployment_for("gorgo", reps, profile="mistral-7b-a100", **kw)):
+        assert d.policy["ttft"]["online"] is False
+    line = deployment_for("gorgo", reps, profile="mistral-7b-a100", **kw).policy["ttft"]
+    assert line["prior_tp_s"] == pytest.approx(0.0938e-3) and line["prior_base_s"] == pytest.approx(0.15072)
+    assert a100.prefill_per_token_s + a100.attn_per_ctx_token_s == pytest.approx(0.0938e-3)
+    assert g.policy["ttft"]["prior_tp_s"] == pytest.approx(0.300 / 512, rel=0.25)  # the L4 default profile
+    online = deployment_for("gorgo-online", reps, **kw)
+    assert online.policy == "gorgo" and online.two_layer == g.two_layer
     ours = deployment_for("geoprefix", reps, **kw)
     assert ours.two_layer["remote"] == "cost" and ours.two_layer["cost"]["remote_queue"] is True
     for s, pol in (("vllm-default", "vllm_default"), ("jsq-load", "jsq_load"), ("br0", "br0"), ("flowkv", "flowkv")):

@@ -12,7 +12,7 @@ power_of_two           Ray Serve's default: 2 random, fewer in flight           
 consistent_hash        CH: ring hash on the session key (SkyLB baseline)                blind
 sglang                 SGLang router cache-aware (cache/balance thresholds)             blind
 ray_prefix             Ray PrefixCacheAffinityRouter-like                               blind
-oracle                 global view of every replica's real prefix cache (upper bound)   SP-P
+oracle                 central LB, perfect knowledge of every replica's prefix cache    SP-P
 skylb                  SkyLB: longest approximate prefix match among available          SP-P
 skylb_ch               SkyLB-CH: ring walk skipping unavailable replicas                SP-P
 gorgo                  GORGO: min RTT + t_p·(L − L_hit) + q̂·t_p·queued tokens          SP-P

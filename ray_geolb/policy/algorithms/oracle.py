@@ -1,4 +1,6 @@
-"""Global-view oracle: knows every replica's *real* prefix cache (an upper bound for evaluations).
+"""Global-view oracle: a central cache-aware LB with perfect knowledge of every replica's *real* prefix
+cache. Not an upper bound (a policy that places requests differently can hit more); the simulator's
+ideal bound is ``ray_geolb/sim/observe.py``.
 
 Needs ``cache_probe(target, req) -> cached prefix tokens`` (the simulator passes the engines'
 ``cached_prefix_tokens``). Picks the available replica with the most cached tokens; ties and
