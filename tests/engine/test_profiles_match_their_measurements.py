@@ -1,4 +1,10 @@
-"""Calibration tests: each profile reproduces the engine measurement it is built from."""
+"""Calibration tests: the engine model against the measurements its profiles cite.
+
+TTFT at several prompt lengths (GORGO Table 1, SkyLB §2.1), inter-token latency at several batch sizes
+and contexts (GORGO Appendix A, not used to build the profile), and how many requests an L4 runs at
+once (SkyLB §3.3). ``llama3.1-8b-l4`` cites no inter-token measurement (SkyLB gives only its 300 ms
+prefill; the decode floor is a datasheet derivation), so none is asserted for it; ``llama3.1-8b-h100``
+is an uncalibrated estimate."""
 
 from __future__ import annotations
 
@@ -38,10 +44,53 @@ def test_llama31_8b_l4_matches_skylb_prefill():
     assert ttft_batch1("llama3.1-8b-l4", 512) == pytest.approx(0.300, rel=0.05)
 
 
-def test_llama31_8b_l4_decode_step_is_bandwidth_bound():
-    p = get_profile("llama3.1-8b-l4")
-    # 16.06 GB of bf16 weights / 300 GB/s
-    assert p.step_time(0, 1, 600) == pytest.approx(0.0535, rel=0.05)
+def inter_token_latency(profile_name: str, batch: int, context_tokens: int, steps: int = 20) -> float:
+    """Mean time between two output tokens of ``batch`` requests decoding together, each with a
+    ``context_tokens``-token prompt, once every prompt is prefilled (the engine model, not the profile)."""
+    eng = EngineModel(profile_name)
+    for i in range(batch):
+        eng.add_request(EngineRequest(f"r{i}", context_tokens, 10_000), 0.0)
+    now, gaps, last = 0.0, [], None
+    while len(gaps) < steps:
+        now = max(now, eng.next_ready_time())
+        out = eng.step(now)
+        now += out.duration
+        if len(out.tokens) == batch and not out.first_tokens:  # a step in which every request decoded
+            if last is not None:
+                gaps.append(now - last)
+            last = now
+    return sum(gaps) / len(gaps)
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 4, 6, 10])
+@pytest.mark.parametrize("context", [200, 1000, 2000])
+def test_mistral_7b_a100_inter_token_latency_matches_gorgo_appendix(batch, context):
+    # GORGO Appendix A, Tables 2-5 (SGLang, Mistral-7B-Instruct-v0.3, A100, WildChat prompts, 10 requests
+    # in flight over 3 servers, i.e. 1-10 per server): inter-token latency means 12.08 / 12.73 / 12.51 /
+    # 16.05 ms and medians 12.46 / 12.70 / 12.57 / 16.13 ms. The profile's decode floor was not fitted
+    # to these tables. The model must stay inside the measured band (2 % slack for the band's edges).
+    itl = inter_token_latency("mistral-7b-a100", batch, context)
+    assert 12.08e-3 * 0.98 <= itl <= 16.13e-3 * 1.02, itl
+
+
+def test_mistral_7b_a100_inter_token_latency_grows_with_batch_and_context():
+    a = inter_token_latency("mistral-7b-a100", 1, 200)
+    assert a < inter_token_latency("mistral-7b-a100", 10, 200) < inter_token_latency("mistral-7b-a100", 10, 2000)
+
+
+@pytest.mark.parametrize("prompt", [700, 850, 1000, 1300])
+def test_llama31_8b_l4_sglang_runs_20_to_50_requests_at_skylb_tot_sizes(prompt):
+    # SkyLB §3.3: "for Llama 3.1 8B on a L4 GPU, the max number of outstanding requests can range from
+    # 20 to 50 for the same dataset" (SGLang, §5). SkyLB's ToT requests (max_tokens 256, leaf prompts
+    # ~700-1,300 tokens with the parents' outputs) on the SGLang L4 model: at most 20-50 run at once.
+    eng = EngineModel("llama3.1-8b-l4-sglang")
+    for i in range(120):
+        eng.add_request(EngineRequest(f"r{i}", prompt, 256, (), 256), 0.0)
+    now, most = 0.0, 0
+    while eng.has_work():
+        now += eng.step(now).duration
+        most = max(most, eng.stats()["num_running"])
+    assert 20 <= most <= 50, most
 
 
 def test_kv_capacity_from_architecture():
@@ -54,6 +103,10 @@ def test_kv_capacity_from_architecture():
     assert 2_500 < l4.num_gpu_blocks < 3_500  # ~43k tokens
     # SkyLB saw 20-50 outstanding requests per L4 replica: at ~1k tokens each they fit
     assert l4.kv_capacity_tokens >= 40 * 1000
+    # SGLang's pool: mem_fraction_static 0.88 instead of vLLM's 0.9
+    sgl = get_profile("llama3.1-8b-l4-sglang")
+    assert sgl.num_gpu_blocks == int((23_034 * 2**20 * 0.88 - 8_030_261_248 * 2) // kv) // 16 == 2_476
+    assert sgl.admission == "sglang" and sgl.step_time(512, 0, 512) == l4.step_time(512, 0, 512)
 
 
 def test_every_profile_cites_its_source_and_is_sane():

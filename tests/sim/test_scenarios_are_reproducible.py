@@ -35,6 +35,7 @@ def test_every_scenario_runs_at_tiny_scale(name):
     assert expected <= systems
     if name == "skylb-fig8":  # one run per panel is enough here: keep the test fast
         runs = [r for r in runs if r["system"] in ("skylb", "sgl")]
+    assert runs
     for r in runs:
         m = run_one(r)
         c = m["counters"]
