@@ -8,7 +8,10 @@
   is the maximum reuse the workload allows for an engine that caches prompt blocks (engines that also
   cache generated tokens could reuse more; the engine model does not). It is computed from the
   trace of the run itself (the requests sent, in send order), so a routing policy that changes the
-  trace (a closed loop sends faster when it is served faster) moves the bound a little too.
+  trace (a closed loop sends faster when it is served faster) moves the bound a little too. A
+  request's hit is found when it is sent and counted once an engine has prefilled it (its first
+  token), so the bound and the engines' hit rate cover the same requests (up to those an engine
+  admitted but had not finished prefilling at the cut-off).
 * :class:`LoadSampler`: per replica, every ``sample_period_s``: outstanding requests at the engine
   (pending + waiting + running), running, waiting and KV-cache usage; and the share of replica
   reports that said something was waiting (what SP-P reacts to).
@@ -33,18 +36,21 @@ class IdealPrefixCache:
         self.hit_tokens = 0
         self.query_tokens = 0
 
-    def observe(self, prompt_tokens: int, block_hashes) -> None:
-        """Count one request's hit against everything sent before it, then remember its blocks.
+    def observe(self, prompt_tokens: int, block_hashes) -> int:
+        """One request's hit tokens against everything sent before it; its blocks are remembered.
         ``block_hashes`` are chained (block k's hash covers blocks 0..k), so a hit on block k means
-        the whole prefix up to k was sent before."""
+        the whole prefix up to k was sent before. Add it to the totals with :meth:`count`."""
         seen = self._seen
         lim = min((prompt_tokens - 1) // self.block_tokens, len(block_hashes))
         k = 0
         while k < lim and block_hashes[k] in seen:
             k += 1
-        self.hit_tokens += k * self.block_tokens
-        self.query_tokens += prompt_tokens
         seen.update(block_hashes)
+        return k * self.block_tokens
+
+    def count(self, prompt_tokens: int, hit_tokens: int) -> None:
+        self.hit_tokens += hit_tokens
+        self.query_tokens += prompt_tokens
 
     def summary(self) -> Dict[str, float]:
         q = self.query_tokens

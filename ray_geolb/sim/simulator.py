@@ -155,7 +155,7 @@ class _Run:
 class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
                  "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp",
-                 "max_tokens")
+                 "max_tokens", "ideal_hit")
 
     def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send, max_tokens=None):
         self.rid = rid
@@ -475,10 +475,10 @@ class Simulator:
             self._count("rejected_too_long")
             self._call_done(run, ci)
             return
-        self.ideal.observe(ntok, hashes)
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
                             region=region, tenant=call.tenant, driver_data=hashes)
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
+        req.ideal_hit = self.ideal.observe(ntok, hashes)
         self._inflight += 1
         lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
         d = self._ow(region, lb.region)
@@ -657,8 +657,11 @@ class Simulator:
     def _on_step_end(self, rep: _Replica, out):
         now = self.now
         reqs = self._reqs
+        ideal = self.ideal
         for rid in out.first_tokens:
-            reqs[rid].t_first = now
+            req = reqs[rid]
+            req.t_first = now
+            ideal.count(req.prompt, req.ideal_hit)
         if out.finished:
             ow = self._ow
             for rid in out.finished:

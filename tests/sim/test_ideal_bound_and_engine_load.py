@@ -15,10 +15,13 @@ from ray_geolb.sim.workloads import conversation, tot, tot_size
 def test_ideal_cache_counts_hits_like_the_engine():
     ideal = IdealPrefixCache(16)
     a = blocks_from_hash_ids([1, 2, 3])
-    ideal.observe(48, a)  # nothing sent before: no hit
-    ideal.observe(40, a[:2])  # shares blocks 1-2 (32 tokens); (40 - 1) // 16 = 2 blocks may hit
-    ideal.observe(48, a)  # all 3 blocks were sent, but the last prompt token is computed: 2 blocks
-    ideal.observe(64, blocks_from_hash_ids([9, 2, 3, 4]))  # chained hashes: block 2 after 9 is new
+    trace = [(48, a, 0),  # nothing sent before: no hit
+             (40, a[:2], 32),  # shares blocks 1-2; (40 - 1) // 16 = 2 blocks may hit
+             (48, a, 32),  # all 3 blocks were sent, but the last prompt token is computed: 2 blocks
+             (64, blocks_from_hash_ids([9, 2, 3, 4]), 0)]  # chained hashes: block 2 after 9 is new
+    for p, hashes, hit in trace:
+        assert ideal.observe(p, hashes) == hit
+        ideal.count(p, hit)
     s = ideal.summary()
     assert s["hit_tokens"] == 32 + 32 and s["query_tokens"] == 48 + 40 + 48 + 64
     assert s["hit_rate"] == pytest.approx(64 / 200)
