@@ -38,6 +38,8 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     sp.add_argument("--scenario", choices=scenario_names(), default=None,
                     help="a named experiment (overrides --workload/--policy/--regions)")
+    sp.add_argument("--systems", default=None,
+                    help="with --scenario: comma-separated systems to run instead of the scenario's own")
     sp.add_argument("--workload", default="tot", help=f"workload: {', '.join(WORKLOAD_NAMES)} (default tot)")
     sp.add_argument("--policy", default="skylb",
                     help=f"comma-separated systems ({_names_help()}) or policy names (run on per-region LBs)")
@@ -52,7 +54,8 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--drain", action="store_true", help="finish requests in flight at the end instead of cutting off")
     sp.add_argument("--scale", type=float, default=None,
                     help="scenario size factor (clients and replicas); 1 = paper size")
-    sp.add_argument("--profile", default=None, help="engine profile (default llama3.1-8b-l4)")
+    sp.add_argument("--profile", default=None, help="engine profile (default: the scenario's; SkyLB's Fig. 8/9/10 "
+                                                     "run llama3.1-8b-l4-sglang; otherwise llama3.1-8b-l4)")
     sp.add_argument("--stats-period", type=float, default=None, help="replica stats period (s, default 0.5)")
     sp.add_argument("--stats-lag", type=float, default=None, help="replica stats delivery lag (s, default 0.3)")
     sp.add_argument("--heartbeat", type=float, default=None, help="LB heartbeat period (s, default 0.5)")
@@ -126,8 +129,9 @@ def _scenario_runs(args, parser, seeds: List[int], deploy_over: dict) -> List[di
     runs = []
     for seed in seeds:
         try:
+            systems = [s.strip() for s in args.systems.split(",") if s.strip()] if args.systems else None
             rs = scenario_runs(args.scenario, scale=args.scale, duration_s=args.duration, seed=seed,
-                               profile=args.profile, data_dir=args.data_dir)
+                               profile=args.profile, data_dir=args.data_dir, systems=systems)
         except ValueError as e:
             parser.error(f"--scenario {args.scenario}: {e}")
         for r in rs:

@@ -24,7 +24,8 @@ Clients are sent to the LB of their own region; a region without an LB sends its
 LB with the smallest RTT.
 
 A *system* name maps to a deployment recipe (``SYSTEMS``): ``skylb``, ``skylb-ch``, ``rr``, ``ll``,
-``ch``, ``sgl``, ``p2c``, ``ray-prefix``, ``region-local``, ``oracle``, ``bp``, ``sp-o``, ``sp-p``, and
+``ch``, ``sgl``, ``p2c``, ``ray-prefix``, ``region-local``, ``oracle``, ``bp``, ``sp-o`` (cap 8;
+``sp-o-16`` / ``sp-o-32`` / ``sp-o-50``: other caps), ``sp-p``, and
 the issue-5 systems, each with its paper's intended deployment:
 
 * ``gorgo`` — GORGO (§3.3): one LB per region, local GORGO cost policy (SP-P admission), layer 1 =
@@ -201,7 +202,12 @@ register_system("oracle", "central", "oracle",
 register_system("bp", "central", {"name": "sglang", "availability": {"mode": "bp"}},
                 "one region, SGLang router, blind pushing (Fig. 9)", single_region=True)
 register_system("sp-o", "central", {"name": "sglang", "availability": {"mode": "sp-o"}},
-                "one region, SGLang router, selective pushing by outstanding requests (Fig. 9)", single_region=True)
+                "one region, SGLang router, selective pushing by outstanding requests, cap 8 (Fig. 9)",
+                single_region=True)
+for _cap in (16, 32, 50):  # SkyLB §3.3: 20-50 outstanding per L4; Fig. 9's SP-O cap is not given
+    register_system(f"sp-o-{_cap}", "central",
+                    {"name": "sglang", "availability": {"mode": "sp-o", "max_outstanding": _cap}},
+                    f"one region, SGLang router, SP-O with at most {_cap} outstanding per replica", single_region=True)
 register_system("sp-p", "central", {"name": "sglang", "availability": {"mode": "sp-p"}},
                 "one region, SGLang router, selective pushing by pending requests (Fig. 9)", single_region=True)
 def gorgo_ttft_line(profile: EngineProfile) -> Dict[str, Any]:
