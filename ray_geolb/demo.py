@@ -213,21 +213,10 @@ def engine_stats(app_names: List[str]) -> Dict[str, dict]:
     """``record_routing_stats()`` of every model replica of the given apps (engine counters)."""
     import ray
 
-    from ray_geolb.serve.app import MODEL_DEPLOYMENT
+    from ray_geolb.serve.app import model_replica_actors
 
+    refs = {name: a.record_routing_stats.remote() for name, a in model_replica_actors(app_names).items()}
     out = {}
-    refs = {}
-    for a in ray.util.list_named_actors(all_namespaces=True):
-        name = a["name"] if isinstance(a, dict) else a
-        ns = a.get("namespace", "serve") if isinstance(a, dict) else "serve"
-        if not name.startswith("SERVE_REPLICA::"):
-            continue
-        app_dep = name[len("SERVE_REPLICA::"):].split("#")
-        if len(app_dep) >= 2 and app_dep[0] in app_names and app_dep[1] == MODEL_DEPLOYMENT:
-            try:
-                refs[name] = ray.get_actor(name, namespace=ns).record_routing_stats.remote()
-            except ValueError:
-                continue
     for name, ref in refs.items():
         try:
             out[name] = ray.get(ref, timeout=10)

@@ -50,6 +50,7 @@ reports of unavailable targets, is O(targets) and meant for the hold path only).
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from itertools import repeat
 from typing import Dict, Hashable, Iterable, Optional, Set, Tuple
@@ -222,6 +223,8 @@ class LoadTracker:
         self.stale_report_s = None if stale_report_s is None else float(stale_report_s)
         #: reports ignored by that rule so far
         self.distrusted_reports = 0
+        #: (rank, n): this router's share of each report's headroom (:meth:`set_share`)
+        self.share = (0, 1)
         self.mode = mode
         self.max_outstanding = max_outstanding
         self.unknown_headroom = unknown_headroom
@@ -284,6 +287,8 @@ class LoadTracker:
         st.unseen, st.unseen_tokens = n, tok
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
+        if self.share[1] > 1:
+            st.credits, st.kv_budget = self._shared(target, st.credits, st.kv_budget)
         if stats.num_waiting > 0 and self.stale_report_s is not None:
             self._check_frozen(st, stats.timestamp)
         self._refresh(target, st)
@@ -315,6 +320,22 @@ class LoadTracker:
                 self._refresh(target, st)
                 n += target in avail
         return n
+
+    def set_share(self, rank: int, n: int) -> None:
+        """This router is router ``rank`` of ``n`` routers over the same replicas (several ingress
+        replicas of a region): from the next report on, it takes its share of each report's headroom --
+        ``slots // n``, plus one of the ``slots % n`` left over for ``n`` routers in turn (which ones
+        rotates with the replica, by a stable hash), and ``1/n`` of the KV budget -- so the ``n``
+        routers together grant exactly the report's slots, never one twice. ``(0, 1)``: all of it."""
+        if not (isinstance(n, int) and n >= 1 and isinstance(rank, int) and 0 <= rank < n):
+            raise ValueError(f"headroom share: need 0 <= rank < n, got rank={rank!r}, n={n!r}")
+        self.share = (rank, n)
+
+    def _shared(self, target: Hashable, slots: int, kv: Optional[float]):
+        rank, n = self.share
+        base, extra = divmod(slots, n)
+        turn = (rank - zlib.crc32(str(target).encode())) % n
+        return base + (1 if turn < extra else 0), (None if kv is None else kv / n)
 
     def _headroom(self, s: ReplicaStats):
         """(request slots, free KV tokens or None) that a report grants."""

@@ -1,48 +1,69 @@
-"""Build one Ray Serve application per region: ``geolb-<region>`` at route prefix ``/<region>``.
+"""Region apps from an ``LLMConfig``: one Ray Serve application per region, ``geolb-<region>`` at route
+prefix ``/<region>``.
 
-Each application = a :class:`~ray_geolb.serve.ingress.RegionIngress` (OpenAI HTTP, layer 1) bound to
-an :class:`~ray_geolb.serve.llm_server.EmulatedEngineServer` deployment (the emulated GPU engine) whose
-request router is chosen by ``router``:
+Each application is
 
-* ``"geo"``        -- :class:`ray_geolb.serve.router.GeoPrefixRouter` with ``policy`` (default
-  GeoPrefix: SP-P + prefix tree + per-request TTFT cost with t_p learned from the replicas' TTFT
-  reports); the ingress forwards to peer regions when its region is saturated, choosing the peer
-  (or to keep waiting) by the ``cost`` selector fed by the peers' heartbeat extras relayed through
-  the registry (for ``skylb``: SkyLB's regional prefix snapshot).
-* ``"pow2"``       -- Ray Serve's default PowerOfTwoChoicesRequestRouter, region-local (no forwarding:
-  what one gets by deploying stock Ray Serve per region).
-* ``"ray_prefix"`` -- Ray's PrefixCacheAffinityRouter, region-local; if it cannot be imported, our
-  re-implementation (policy ``ray_prefix``) inside GeoPrefixRouter, still region-local.
+* a :class:`~ray_geolb.serve.ingress.RegionIngress` (OpenAI HTTP; layer 1: this region or a peer),
+* bound to Ray Serve LLM's ``LLMServer`` deployment built from the ``LLMConfig`` by Ray's own
+  ``build_llm_deployment`` (layer 2: a replica of this region, picked by its request router).
 
-Both deployments are pinned to the region's nodes with ``label_selector`` on
-``ray.io/availability-region`` (``pin_to_region=True``) and use ``num_cpus=0``.
+Per region, the ``LLMConfig`` is copied and given: the region's replica count (unless it autoscales),
+``ray_actor_options.label_selector`` on ``ray.io/availability-region`` (``pin_to_region``), the
+request router (``router="geo"``: :class:`~ray_geolb.serve.router.GeoPrefixRouter` with ``policy`` and
+the region; ``"pow2"``: Ray's default power-of-two, region-local; ``"ray_prefix"``: Ray's
+PrefixCacheAffinityRouter, region-local), the region in ``experimental_configs["geolb"]``, and -- if
+it names none -- ``server_cls = GeoVLLMServer``, the vLLM server whose reports carry the engine's load
+(selective pushing needs it). Without an ``LLMConfig`` the builder uses the emulated engine's
+(``llm_server.emulated_llm_config``: ``EmulatedLLMServer``, the same ``LLMServer`` code with the
+engine replaced), so CI and the demo run the code path a GPU deployment runs.
 
-Usage::
+Builders:
 
-    apps = build_region_apps({"us": 2, "eu": 1, "asia": 1}, router="geo", time_scale=0.01)
-    deploy_region_apps(apps)            # serve.run for each; POST /us/v1/chat/completions ...
+* :func:`build_region_apps` -- every region's app (Python);
+* :func:`region_app` -- one region's app from JSON-able ``args``: the ``import_path`` of a
+  ``serve run`` / ``serve deploy`` config (``examples/serve_three_regions.yaml``);
+* :func:`deploy_region_apps` / :func:`delete_region_apps`.
+
+The regions cooperate through the registry actor, which the first ingress creates if it does not
+exist. Several ingress replicas per region (``ingress_replicas``) each run a GeoPrefixRouter over the
+same replicas; each takes its share of every report's headroom (see ``router.py``), so they never
+grant one engine slot twice.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
+from ray_geolb.serve.direct_streaming import refuse_direct_streaming
+from ray_geolb.serve.emulated import REGION_LABEL, REGION_OPTIONS_KEY
 from ray_geolb.serve.ingress import INGRESS_DEPLOYMENT, IngressConfig, RegionIngress
 from ray_geolb.serve.latency import LatencyInjector
 
 __all__ = [
-    "APP_PREFIX", "MODEL_DEPLOYMENT", "REGION_LABEL", "ROUTERS", "RegionApp", "build_region_apps",
-    "deploy_region_apps", "delete_region_apps", "ray_prefix_router_class",
+    "APP_PREFIX", "GEO_ROUTER", "REGION_LABEL", "ROUTERS", "RegionApp", "build_region_apps", "deploy_region_apps",
+    "delete_region_apps", "model_deployment_name", "model_replica_actors", "ray_prefix_router_class", "region_app",
+    "region_llm_config",
 ]
 
 APP_PREFIX = "geolb-"
-MODEL_DEPLOYMENT = "Model"
-REGION_LABEL = "ray.io/availability-region"
 GEO_ROUTER = "ray_geolb.serve.router.GeoPrefixRouter"
 RAY_PREFIX_ROUTER = ("ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router."
                      "PrefixCacheAffinityRouter")
 ROUTERS = ("geo", "pow2", "ray_prefix")
+#: the emulated engine's options when no LLMConfig is given (``EmulatedEngine`` keyword arguments)
+EMULATED_DEFAULTS = {"profile": "llama3.1-8b-h100", "time_scale": 0.01, "output_tokens": 16}
+
+
+@dataclass
+class RegionApp:
+    region: str
+    name: str
+    route_prefix: str
+    app: Any  # a bound Serve Application
+    router: str
+    config: Dict[str, Any] = field(default_factory=dict)  # the ingress config (JSON-able)
 
 
 def policy_name(policy: Any) -> Optional[str]:
@@ -66,19 +87,14 @@ def ray_prefix_router_class() -> Optional[str]:
         return None
 
 
-@dataclass
-class RegionApp:
-    region: str
-    name: str
-    route_prefix: str
-    app: Any  # a bound Serve Application
-    router: str
-    config: Dict[str, Any] = field(default_factory=dict)  # the ingress config (JSON-able)
+def model_deployment_name(llm_config: Any) -> str:
+    """The name ``build_llm_deployment`` gives the model deployment of ``llm_config``."""
+    cls = llm_config.server_cls
+    cls_name = cls if isinstance(cls, str) else getattr(cls, "__name__", "LLMServer")
+    return f"{cls_name.rpartition('.')[2] or 'LLMServer'}:{llm_config.model_id.replace('/', '--').replace('.', '_')}"
 
 
 def _check_regions(regions: Dict[str, int]) -> Dict[str, int]:
-    import re
-
     from ray_geolb.policy.region.config import REGION_PATTERN
 
     if not isinstance(regions, dict) or not regions:
@@ -91,15 +107,125 @@ def _check_regions(regions: Dict[str, int]) -> Dict[str, int]:
     return dict(regions)
 
 
+# ---------------------------------------------------------------------------------------------- LLMConfig per region
+def _router_config(router: str, region: str, policy: Any, router_kwargs: Optional[dict], stats_period_s: float,
+                   user: Optional[dict]) -> Optional[dict]:
+    """The model deployment's ``request_router_config`` (None: Ray's default power-of-two)."""
+    if router == "pow2":
+        return None
+    user = dict(user or {})
+    cls = GEO_ROUTER
+    kw: Dict[str, Any] = {}
+    if router == "ray_prefix":
+        cls = ray_prefix_router_class()
+        if cls is None:  # ray[llm] without the prefix-aware router: our re-implementation, still region-local
+            cls, policy = GEO_ROUTER, "ray_prefix"
+    if cls == GEO_ROUTER:
+        from ray_geolb.serve.router import DEFAULT_POLICY
+
+        kw = {**(user.get("request_router_kwargs") or {}), "region": region, **(router_kwargs or {})}
+        kw["policy"] = policy if policy is not None else kw.get("policy", DEFAULT_POLICY)
+    return {"request_routing_stats_period_s": stats_period_s, "request_routing_stats_timeout_s": 5.0,
+            **{k: v for k, v in user.items() if k not in ("request_router_class", "request_router_kwargs")},
+            "request_router_class": cls, "request_router_kwargs": kw}
+
+
+def region_llm_config(llm_config: Any, region: str, num_replicas: int, *, router: str = "geo", policy: Any = None,
+                      router_kwargs: Optional[dict] = None, stats_period_s: float = 0.5, pin_to_region: bool = True):
+    """``llm_config`` as region ``region`` deploys it (see the module docstring)."""
+    dc = dict(llm_config.deployment_config or {})
+    if "autoscaling_config" not in dc:
+        dc["num_replicas"] = num_replicas
+    rao = dict(dc.get("ray_actor_options") or {})
+    if pin_to_region:
+        rao["label_selector"] = {**(rao.get("label_selector") or {}), REGION_LABEL: region}
+    dc["ray_actor_options"] = rao
+    rrc = _router_config(router, region, policy, router_kwargs, stats_period_s, dc.get("request_router_config"))
+    if rrc is None:
+        dc.pop("request_router_config", None)
+    else:
+        dc["request_router_config"] = rrc
+    ex = dict(llm_config.experimental_configs or {})
+    ex[REGION_OPTIONS_KEY] = {**(ex.get(REGION_OPTIONS_KEY) or {}), "region": region}
+    update: Dict[str, Any] = {"deployment_config": dc, "experimental_configs": ex}
+    if llm_config.server_cls is None:
+        from ray_geolb.serve.stats_plugin import GeoVLLMServer  # vLLM's server, reporting the engine's load
+
+        update["server_cls"] = GeoVLLMServer
+    cfg = llm_config.model_copy(update=update, deep=True)
+    if router == "geo":
+        refuse_direct_streaming(f"region app {region!r}", cfg)
+    return cfg
+
+
+def _emulated_config(model: str, engine: Dict[str, Any]):
+    from ray_geolb.serve.llm_server import emulated_llm_config
+
+    return emulated_llm_config(model, router_class=None, **{**EMULATED_DEFAULTS, **engine})
+
+
+# ---------------------------------------------------------------------------------------------- apps
+def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router: str, policy: Any, lat,
+                    ingress: Optional[dict], registry: Any, app_prefix: str) -> dict:
+    """The region ingress's config (validated now, so a bad field is named at build time)."""
+    region_local = router != "geo"
+    icfg: Dict[str, Any] = {
+        "region": region, "model_name": model_id, "latency": lat.to_spec(),
+        "peers": {} if region_local else {p: f"{app_prefix}{p}" for p in regions if p != region},
+    }
+    extra = dict(ingress or {})
+    two_layer: Dict[str, Any] = {"peer_stale_s": 2.0}
+    if router == "geo" and policy_name(policy if policy is not None else _default_policy()) == "geoprefix":
+        from ray_geolb.policy.algorithms.geoprefix import geoprefix_two_layer
+
+        two_layer.update(geoprefix_two_layer(region))
+        two_layer.pop("region")
+    two_layer.update(extra.pop("two_layer", {}))
+    if region_local:
+        two_layer["max_hops"] = 0
+        icfg["local_availability"] = "always"  # Ray's routers have no availability notion
+        icfg["registry"] = None
+    elif registry is False:
+        icfg["registry"] = None
+    elif registry is not None:
+        icfg["registry"] = dict(registry)
+    icfg["two_layer"] = two_layer
+    icfg.update(extra)
+    return IngressConfig.model_validate(icfg).model_dump()
+
+
+def _default_policy():
+    from ray_geolb.serve.router import DEFAULT_POLICY
+
+    return DEFAULT_POLICY
+
+
+def _one_app(region: str, regions: Dict[str, int], llm_config: Any, *, router: str, policy: Any, lat, ingress,
+             registry, router_kwargs, pin_to_region: bool, stats_period_s: float, ingress_replicas: int,
+             app_prefix: str) -> RegionApp:
+    from ray.serve.llm import build_llm_deployment
+
+    cfg = region_llm_config(llm_config, region, regions[region], router=router, policy=policy,
+                            router_kwargs=router_kwargs, stats_period_s=stats_period_s, pin_to_region=pin_to_region)
+    icfg = _ingress_config(region, regions, cfg.model_id, router, policy, lat, ingress, registry, app_prefix)
+    actor_opts: Dict[str, Any] = {"num_cpus": 0}
+    if pin_to_region:
+        actor_opts["label_selector"] = {REGION_LABEL: region}
+    ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=ingress_replicas, ray_actor_options=actor_opts)
+    name = f"{app_prefix}{region}"
+    return RegionApp(region, name, f"/{region}", ing.bind(build_llm_deployment(cfg), icfg), router, icfg)
+
+
 def build_region_apps(
     regions: Optional[Dict[str, int]] = None,
-    model: str = "geolb-emulated",
-    policy: Any = None,
-    engine_profile: str = "llama3.1-8b-h100",
-    time_scale: float = 0.01,
+    llm_config: Union[Any, Dict[str, Any], None] = None,
     *,
     router: str = "geo",
-    output_tokens: int = 16,
+    policy: Any = None,
+    model: str = "geolb-emulated",
+    engine_profile: str = EMULATED_DEFAULTS["profile"],
+    time_scale: float = EMULATED_DEFAULTS["time_scale"],
+    output_tokens: int = EMULATED_DEFAULTS["output_tokens"],
     engine_overrides: Optional[dict] = None,
     latency: Any = None,
     ingress: Optional[dict] = None,
@@ -107,101 +233,72 @@ def build_region_apps(
     router_kwargs: Optional[dict] = None,
     pin_to_region: bool = True,
     stats_period_s: float = 0.5,
-    max_ongoing_requests: int = 1000,
+    ingress_replicas: int = 1,
     app_prefix: str = APP_PREFIX,
 ) -> List[RegionApp]:
-    """One :class:`RegionApp` per region (see the module docstring).
+    """One :class:`RegionApp` per region of ``regions`` (``{region: replicas}``; see the module docstring).
 
+    ``llm_config``: an ``LLMConfig`` for every region, or ``{region: LLMConfig}``; None: the emulated
+    engine (``model``, ``engine_profile``, ``time_scale``, ``output_tokens``, ``engine_overrides``).
     ``latency``: :meth:`LatencyInjector.from_spec` spec (``{"scale": 0.1}``; ``{"scale": 0}`` = off).
     ``ingress``: extra :class:`IngressConfig` fields (``max_queue``, ``max_wait_s``, ``two_layer``...).
     ``registry``: ``RegistryOptions`` fields as a dict, or ``False`` for no registry (no forwarding).
     ``router_kwargs``: extra GeoPrefixRouter kwargs (``queue_bound``, ``wait_limit_s``...).
-    ``policy``: the GeoPrefixRouter policy (name or config dict; None = the router's
-    ``DEFAULT_POLICY``, GeoPrefix). With ``geoprefix`` the ingress's region layer defaults to
-    GeoPrefix's own (``geoprefix_two_layer``: ``remote="cost"`` with ``GEOPREFIX_COST``), as in the
-    simulator; ``ingress={"two_layer": {...}}`` overrides any of it.
+    ``policy``: the GeoPrefixRouter policy (None: the router's ``DEFAULT_POLICY``, GeoPrefix; its region
+    layer is then GeoPrefix's own, ``geoprefix_two_layer``, as in the simulator).
     """
     regions = _check_regions({"us": 2, "eu": 1, "asia": 1} if regions is None else regions)
     if router not in ROUTERS:
         raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
     if not (isinstance(time_scale, (int, float)) and time_scale > 0):
         raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+    if isinstance(ingress_replicas, bool) or not isinstance(ingress_replicas, int) or ingress_replicas < 1:
+        raise ValueError(f"ingress_replicas must be a positive integer, got {ingress_replicas!r}")
     lat = LatencyInjector.from_spec(latency)
     lat.check_regions(list(regions))
-    from ray import serve
+    if llm_config is None:
+        engine = {"profile": engine_profile, "time_scale": time_scale, "output_tokens": output_tokens,
+                  "engine_overrides": engine_overrides or {}}
+        llm_config = _emulated_config(model, engine)
+    per_region = llm_config if isinstance(llm_config, dict) else {r: llm_config for r in regions}
+    missing = set(regions) - set(per_region)
+    if missing:
+        raise ValueError(f"llm_config: no LLMConfig for region(s) {sorted(missing)}")
+    return [_one_app(r, regions, per_region[r], router=router, policy=policy, lat=lat, ingress=ingress,
+                     registry=registry, router_kwargs=router_kwargs, pin_to_region=pin_to_region,
+                     stats_period_s=stats_period_s, ingress_replicas=ingress_replicas, app_prefix=app_prefix)
+            for r in regions]
 
-    from ray_geolb.serve.llm_server import EmulatedEngineServer
-    from ray_geolb.serve.router import DEFAULT_POLICY
 
-    region_local = router != "geo"
-    geo_policy = DEFAULT_POLICY if policy is None else policy
-    router_class: Optional[str] = GEO_ROUTER
-    if router == "pow2":
-        router_class = None
-    elif router == "ray_prefix":
-        router_class = ray_prefix_router_class()
-        if router_class is None:
-            router_class, geo_policy = GEO_ROUTER, "ray_prefix"
+def region_app(args: Dict[str, Any]):
+    """One region's application from JSON-able ``args`` -- the ``import_path`` builder of a ``serve run``
+    config (``ray_geolb.serve.app:region_app``). ``args``: ``region``, ``regions`` (``{region: replicas}``,
+    every region of the deployment), ``llm_config`` (an ``LLMConfig`` as a dict; absent: the emulated
+    engine with ``emulated`` options), and any :func:`build_region_apps` keyword (``router``, ``policy``,
+    ``latency``, ``ingress``, ``registry``, ``router_kwargs``, ``pin_to_region``, ``stats_period_s``,
+    ``ingress_replicas``, ``app_prefix``)."""
+    args = dict(args or {})
+    try:
+        region, regions = args.pop("region"), args.pop("regions")
+    except KeyError as e:
+        raise ValueError(f"region_app args: missing {e.args[0]!r} (region, regions are required)") from None
+    if region not in (regions or {}):
+        raise ValueError(f"region_app args: region {region!r} is not in regions {sorted(regions or {})}")
+    raw = args.pop("llm_config", None)
+    emulated = dict(args.pop("emulated", None) or {})
+    if raw is not None:
+        from ray.serve.llm import LLMConfig
 
-    apps = []
-    for region, n in regions.items():
-        name = f"{app_prefix}{region}"
-        icfg: Dict[str, Any] = {
-            "region": region,
-            "model_name": model,
-            "peers": {} if region_local else {p: f"{app_prefix}{p}" for p in regions if p != region},
-            "latency": lat.to_spec(),
-        }
-        extra = dict(ingress or {})
-        two_layer = {"peer_stale_s": 2.0}
-        if router_class == GEO_ROUTER and policy_name(geo_policy) == "geoprefix":
-            from ray_geolb.policy.algorithms.geoprefix import geoprefix_two_layer
-
-            two_layer.update(geoprefix_two_layer(region))
-            two_layer.pop("region")
-        two_layer.update(extra.pop("two_layer", {}))
-        if region_local:
-            two_layer["max_hops"] = 0
-        icfg["two_layer"] = two_layer
-        if router_class != GEO_ROUTER:
-            icfg["local_availability"] = "always"
-        if registry is False or region_local:
-            icfg["registry"] = None
-        elif registry is not None:
-            icfg["registry"] = dict(registry)
-        icfg.update(extra)
-        icfg = IngressConfig.model_validate(icfg).model_dump()  # validate now, with field names
-
-        actor_opts: Dict[str, Any] = {"num_cpus": 0}
-        if pin_to_region:
-            actor_opts["label_selector"] = {REGION_LABEL: region}
-        model_opts: Dict[str, Any] = dict(
-            name=MODEL_DEPLOYMENT, num_replicas=n, max_ongoing_requests=max_ongoing_requests,
-            ray_actor_options=dict(actor_opts), health_check_period_s=1.0,
-        )
-        if router_class is not None:
-            kw: Dict[str, Any] = {}
-            if router_class == GEO_ROUTER:
-                kw = {"policy": geo_policy, "region": region, **(router_kwargs or {})}
-            model_opts["request_router_config"] = {
-                "request_router_class": router_class,
-                "request_router_kwargs": kw,
-                "request_routing_stats_period_s": stats_period_s,
-                "request_routing_stats_timeout_s": 5.0,
-            }
-        server = serve.deployment(EmulatedEngineServer, **model_opts).bind(
-            profile=engine_profile, time_scale=time_scale, output_tokens=output_tokens,
-            engine_overrides=engine_overrides, region=region)
-        # One ingress replica per region: its in-process GeoPrefixRouter holds the region's SP-P credits
-        # and FCFS hold queue; N replicas would be N routers each granting a replica's full headroom.
-        ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=1, ray_actor_options=dict(actor_opts))
-        apps.append(RegionApp(region, name, f"/{region}", ing.bind(server, icfg), router, icfg))
-    return apps
+        args["llm_config"] = raw if not isinstance(raw, dict) else LLMConfig.model_validate(raw)
+    else:
+        args["llm_config"] = _emulated_config(emulated.pop("model", "geolb-emulated"), emulated)
+    apps = build_region_apps(regions, **args)
+    return next(a.app for a in apps if a.region == region)
 
 
 def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
-    """Deploy every region app in one ``serve.run_many`` (deployed together, so peers come up together;
-    peer handles are resolved lazily anyway). Returns region -> ingress handle."""
+    """Deploy every region app in one ``serve.run_many`` (peers come up together; peer handles are
+    resolved lazily anyway). Returns region -> ingress handle."""
     from ray import serve
     from ray.serve.api import RunTarget
 
@@ -218,6 +315,25 @@ def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
     targets = [RunTarget(target=a.app, name=a.name, route_prefix=a.route_prefix) for a in apps]
     handles = serve.run_many(targets)
     return {a.region: h for a, h in zip(apps, handles)}
+
+
+def model_replica_actors(app_names: List[str]) -> Dict[str, Any]:
+    """``{actor name: actor handle}`` of the model replicas of the given region apps (every
+    deployment but the ingress), found by Serve's replica actor names -- to ask an engine directly
+    (``record_routing_stats``), outside the routing path."""
+    import ray
+
+    out = {}
+    for a in ray.util.list_named_actors(all_namespaces=True):
+        name = a["name"] if isinstance(a, dict) else a
+        ns = a.get("namespace", "serve") if isinstance(a, dict) else "serve"
+        parts = name[len("SERVE_REPLICA::"):].split("#") if name.startswith("SERVE_REPLICA::") else []
+        if len(parts) >= 2 and parts[0] in app_names and parts[1] != INGRESS_DEPLOYMENT:
+            try:
+                out[name] = ray.get_actor(name, namespace=ns)
+            except ValueError:  # gone meanwhile
+                continue
+    return out
 
 
 def delete_region_apps(apps: List[RegionApp]) -> None:

@@ -10,6 +10,11 @@ and the reports they send.
   Serve whenever one changes, go to ``policy.on_stats`` once per new report (de-duplicated by
   ``timestamp``), and the report's ``ttft_samples`` to ``policy.observe_ttft``. A malformed report
   (see ``ReplicaStats.from_dict``) is counted in ``counters["bad_stats"]``, logged, and ignored.
+* No load signal: a replica whose reports never carried a load field (``num_waiting`` /
+  ``num_running`` or vLLM's names) ``load_signal_grace_s`` after it appeared -- a stock ``LLMServer``,
+  whose ``record_routing_stats`` is only KV-event metadata -- leaves selective pushing blind (every
+  replica looks empty). The router then logs one warning naming the fix (``server_cls =
+  GeoVLLMServer``) and counts each such replica in ``counters["no_load_signal"]``.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.policy import ReplicaStats
+
+#: report fields that carry an engine's load (ours and vLLM's SchedulerStats names)
+LOAD_FIELDS = ("num_waiting", "num_waiting_reqs", "waiting", "pending", "num_running", "num_running_reqs", "running")
 
 __all__ = ["ReplicaSet"]
 
@@ -33,6 +41,9 @@ class ReplicaSet:
         self.local_set: frozenset = frozenset()
         self.local_reps: List[Any] = []
         self.last_stats: Dict[str, Any] = {}
+        self.first_seen: Dict[str, float] = {}  # when each local replica appeared
+        self.loaded: set = set()  # replicas that sent a report with a load field
+        self.blind: set = set()  # replicas found without a load signal (counted once each)
 
     def _is_local(self, replica) -> bool:
         if self.region is None:
@@ -55,8 +66,11 @@ class ReplicaSet:
         self.local_reps = [by_id[u] for u in self.local_ids]
         now = time.time()
         for uid in self.local_ids:
+            self.first_seen.setdefault(uid, now)
             st = by_id[uid].routing_stats
             if st:
+                if uid not in self.loaded and any(k in st for k in LOAD_FIELDS):
+                    self.loaded.add(uid)
                 self._ingest(uid, st, now)
 
     def _set_local(self, local: List[str]) -> None:
@@ -85,6 +99,16 @@ class ReplicaSet:
             self.counters["bad_stats"] += 1
             self._log_error(f"bad routing_stats from {uid}: {e!r}")
 
+    def find_blind(self, now: float, grace_s: float) -> list:
+        """Local replicas that have had no report with a load field for ``grace_s`` since they
+        appeared, not reported before (each is counted once in ``counters["no_load_signal"]``)."""
+        new = [u for u in self.local_ids if u not in self.loaded and u not in self.blind
+               and now - self.first_seen.get(u, now) >= grace_s]
+        if new:
+            self.blind.update(new)
+            self.counters["no_load_signal"] = self.counters.get("no_load_signal", 0) + len(new)
+        return new
+
     def drop(self, uid: str) -> None:
         """A replica died: it stops being a target at once (Serve's next broadcast confirms it)."""
         if uid in self.local_set:
@@ -95,6 +119,7 @@ class ReplicaSet:
             self.policy.set_targets(rest)
         self.by_id.pop(uid, None)
         self.last_stats.pop(uid, None)
+        self.first_seen.pop(uid, None)
 
     def reported_load(self) -> Dict[str, list]:
         """``{replica: [waiting, running]}`` as last reported (any thread)."""

@@ -72,9 +72,11 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import build_policy
+from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.errors import RouterQueueFull, RouterWaitTimeout
 from ray_geolb.serve.replica_set import ReplicaSet
 from ray_geolb.serve.request_book import Entry, RequestBook, extract_prompt_text
+from ray_geolb.serve.router_options import check_kwargs, check_share, holder_share
 
 __all__ = ["GeoPrefixRouter", "DEFAULT_POLICY", "extract_prompt_text"]
 
@@ -89,9 +91,6 @@ try:  # Python >= 3.11
     _timeout_ctx = asyncio.timeout
 except AttributeError:  # pragma: no cover
     _timeout_ctx = None
-
-_KWARGS = ("policy", "region", "queue_bound", "wait_limit_s", "retry_after_s", "error_delivery",
-           "decision_log_size", "stats_seen_margin_s")
 
 
 class GeoPrefixRouter(RequestRouter):
@@ -108,10 +107,13 @@ class GeoPrefixRouter(RequestRouter):
         error_delivery: str = "wrap",
         decision_log_size: int = DECISION_LOG_SIZE,
         stats_seen_margin_s: float = 0.05,
+        headroom_share: Any = "auto",
+        load_signal_grace_s: float = 30.0,
         _inject_error_every: int = 0,
         **unknown,
     ):
-        _check_kwargs(unknown, queue_bound, wait_limit_s, error_delivery, region)
+        check_kwargs(unknown, queue_bound, wait_limit_s, error_delivery, region)
+        refuse_direct_streaming("GeoPrefixRouter")
         self.policy_spec = DEFAULT_POLICY if policy is None else policy
         self.policy = build_policy(self.policy_spec)
         # Replica reports come from another process: a request dispatched just before a report was
@@ -135,8 +137,13 @@ class GeoPrefixRouter(RequestRouter):
         self._suppressed_errs = 0
         self.counters: Dict[str, int] = {
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
-            "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0,
+            "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0, "no_load_signal": 0,
         }
+        self.headroom_share = check_share(headroom_share)
+        if not (isinstance(load_signal_grace_s, (int, float)) and load_signal_grace_s > 0):
+            raise ValueError(f"GeoPrefixRouter: load_signal_grace_s must be > 0, got {load_signal_grace_s!r}")
+        self.load_signal_grace_s = float(load_signal_grace_s)
+        self._next_load_check = 0.0
         self.replicas = ReplicaSet(self.policy, region, self.counters, self._log_error)
         self.book = RequestBook(self.policy, region, self.counters, decision_log_size)
         dep = getattr(self, "_deployment_id", None)
@@ -221,9 +228,33 @@ class GeoPrefixRouter(RequestRouter):
         self._safe(self._sync, replicas)
 
     def _sync(self, replicas) -> None:
+        self._update_share()
         self.replicas.sync(replicas)
+        self._check_load_signal(time.time())
         if self.book.held and self.policy.tracker.available:
             self.book.wake_head()
+
+    def _update_share(self) -> None:
+        """``headroom_share="auto"``: this router is one of the N replicas of the deployment whose
+        process holds the handle (several ingress replicas of a region): take 1/N of each report's
+        headroom (``LoadTracker.set_share``), N re-read at every replica-set change."""
+        share = self.headroom_share
+        if share == "auto":
+            share = holder_share()
+        if share is not None and share != self.policy.tracker.share:
+            self.policy.tracker.set_share(*share)
+
+    def _check_load_signal(self, now: float) -> None:
+        if now < self._next_load_check:
+            return
+        self._next_load_check = now + 1.0
+        blind = self.replicas.find_blind(now, self.load_signal_grace_s)
+        if blind:
+            logger.warning(
+                f"GeoPrefixRouter[{self.deployment_key[1]}]: replica(s) {sorted(blind)} sent no report with a load "
+                f"field (num_waiting / num_running) in {self.load_signal_grace_s:g} s: selective pushing runs blind "
+                "(every replica looks empty). A stock LLMServer reports no load; deploy vLLM with "
+                "server_cls=ray_geolb.serve.stats_plugin.GeoVLLMServer (and request_routing_stats_period_s set).")
 
     # ------------------------------------------------------------------ routing
     async def choose_replicas(
@@ -254,6 +285,8 @@ class GeoPrefixRouter(RequestRouter):
         if len(candidates) != len(self.replicas.by_id):
             self._sync(candidates)
         now = time.time()
+        if now >= self._next_load_check:
+            self._check_load_signal(now)
         iid = pr.metadata.internal_request_id
         ent = book.entry_for(pr)
         if (self.error_delivery == "future" and self.wait_limit_s is not None
@@ -409,18 +442,3 @@ class GeoPrefixRouter(RequestRouter):
             self._suppressed_errs = 0
         else:
             self._suppressed_errs += 1
-
-
-def _check_kwargs(unknown: dict, queue_bound, wait_limit_s, error_delivery, region) -> None:
-    """``request_router_kwargs`` errors, each naming the bad key (raised from ``initialize_state``)."""
-    if unknown:
-        raise ValueError(
-            f"GeoPrefixRouter: unknown request_router_kwargs {sorted(unknown)}; known: {', '.join(_KWARGS)}")
-    if queue_bound is not None and (not isinstance(queue_bound, int) or queue_bound < 1):
-        raise ValueError(f"GeoPrefixRouter: queue_bound must be a positive int or None, got {queue_bound!r}")
-    if wait_limit_s is not None and not (isinstance(wait_limit_s, (int, float)) and wait_limit_s > 0):
-        raise ValueError(f"GeoPrefixRouter: wait_limit_s must be > 0 or None, got {wait_limit_s!r}")
-    if error_delivery not in ("wrap", "future"):
-        raise ValueError(f"GeoPrefixRouter: error_delivery must be 'wrap' or 'future', got {error_delivery!r}")
-    if region is not None and (not isinstance(region, str) or not region):
-        raise ValueError(f"GeoPrefixRouter: region must be a non-empty string or None, got {region!r}")

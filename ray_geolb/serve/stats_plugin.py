@@ -200,7 +200,8 @@ def _build_server():
         return _LAZY["GeoVLLMServer"]
     from ray.llm._internal.serve.core.server.llm_server import LLMServer
 
-    from ray_geolb.serve.llm_server import replica_region
+    from ray_geolb.serve.direct_streaming import refuse_direct_streaming
+    from ray_geolb.serve.emulated import REGION_OPTIONS_KEY, replica_region
 
     class GeoVLLMServer(LLMServer):
         """Stock vLLM LLMServer whose routing stats carry the engine's load (from GeoStatLogger).
@@ -240,8 +241,13 @@ def _build_server():
             return out
 
         def record_replica_metadata(self) -> dict:
-            o = (self._llm_config.experimental_configs or {}).get("geolb") or {}
+            o = (self._llm_config.experimental_configs or {}).get(REGION_OPTIONS_KEY) or {}
             return {"region": replica_region(o.get("region"), o.get("regions"))}
+
+        @classmethod
+        def get_deployment_options(cls, llm_config):
+            refuse_direct_streaming(f"GeoVLLMServer for {llm_config.model_id!r}", llm_config)
+            return super().get_deployment_options(llm_config)
 
     GeoVLLMServer.__module__ = __name__
     GeoVLLMServer.__qualname__ = "GeoVLLMServer"

@@ -31,7 +31,7 @@ httpx = pytest.importorskip("httpx")
 
 from ray import serve  # noqa: E402
 
-from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
+from ray_geolb.serve.app import build_region_apps, deploy_region_apps, model_replica_actors  # noqa: E402
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
 from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
 
@@ -116,8 +116,7 @@ def busy_fields(acc):
 
 
 def model_replicas(app):
-    return [ray.get_actor(a["name"], namespace=a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)
-            if a["name"].startswith(f"SERVE_REPLICA::{app}#Model#")]
+    return list(model_replica_actors([app]).values())
 
 
 async def engines_now(app):

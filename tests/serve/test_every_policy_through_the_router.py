@@ -9,7 +9,7 @@ from ray import serve  # noqa: E402
 
 from ray_geolb.policy import policy_names  # noqa: E402
 from ray_geolb.serve import router_for  # noqa: E402
-from ray_geolb.serve.llm_server import emulated_deployment  # noqa: E402
+from ray_geolb.serve.emulated import emulated_deployment  # noqa: E402
 from ray_geolb.serve.local import free_port, start_local_ray  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]

@@ -14,8 +14,8 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve import router_for  # noqa: E402
+from ray_geolb.serve.emulated import emulated_deployment  # noqa: E402
 from ray_geolb.serve.errors import RouterError, RouterQueueFull, RouterWaitTimeout  # noqa: E402
-from ray_geolb.serve.llm_server import emulated_deployment  # noqa: E402
 from ray_geolb.serve.local import start_local_ray  # noqa: E402
 from ray_geolb.serve.router import DEFAULT_POLICY, GeoPrefixRouter, extract_prompt_text  # noqa: E402
 

@@ -213,7 +213,10 @@ def test_peer_extras_reach_the_cost_selector(geo):
             deadline = time.time() + 20
             while True:  # eu's in-flight request reaches us through the registry
                 st = await state("us")
+                # (asia's warm-up request must have left its router too: its in-flight count is relayed
+                # one heartbeat later, so an early read can still show it)
                 if st["peers"]["eu"]["extra"].get("inflight", 0) >= 1 and "replicas" in st["peers"]["asia"]["extra"] \
+                        and st["peers"]["asia"]["extra"].get("inflight") == 0 \
                         and {"eu", "asia"} <= set(st["available_peers"]):
                     break
                 assert time.time() < deadline, st["peers"]
@@ -280,7 +283,7 @@ def test_hop_limit_forwarded_request_waits_at_peer(geo):
 
     meta, res, waited, fresh, fills = asyncio.run(run())
     assert meta["region"] == "eu" and meta["hops"] == 1 and meta["origin"] == "us"
-    assert res["region"] == "eu"
+    assert res["object"] == "chat.completion" and res["usage"]["completion_tokens"] == 4  # eu's LLMServer answered
     assert meta["queue_wait_ms"] > 50 and waited > 0.05  # it waited in eu's queue
     assert fresh.status_code == 200 and geoh(fresh)["route"] == "forwarded" and geoh(fresh)["region"] != "eu"
     assert all(f.status_code == 200 and geoh(f)["region"] == "eu" for f in fills)

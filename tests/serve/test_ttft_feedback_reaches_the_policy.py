@@ -130,7 +130,7 @@ def test_router_queued_tokens_view():
 # ---------------------------------------------------------------------------------------------- emulated engine
 def test_emulated_engine_reports_wall_clock_ttft_samples_since_last_report():
     from ray_geolb.engine.profiles import get_profile
-    from ray_geolb.serve.llm_server import TTFT_SAMPLES_PER_REPORT, EmulatedEngine
+    from ray_geolb.serve.emulated import TTFT_SAMPLES_PER_REPORT, EmulatedEngine
 
     scale = 0.5
     eng = EmulatedEngine(time_scale=scale, output_tokens=1)

@@ -40,6 +40,8 @@ class RequestContext:
     waited_ms: float = 0.0
     #: the client's cap on waiting (``x-geolb-max-wait-s``); None: ``IngressConfig.max_wait_s``
     max_wait_s: Optional[float] = None
+    #: ``"chat"`` (``/v1/chat/completions``) or ``"completion"`` (``/v1/completions``)
+    kind: str = "chat"
 
     def route_request(self) -> RouteRequest:
         """The policy core's view of this request."""
@@ -51,7 +53,7 @@ class RequestContext:
         return {"hops": self.hops + 1, "max_wait_s": self.max_wait_s, "origin": self.origin,
                 "allowed_regions": sorted(self.allowed) if self.allowed is not None else None,
                 "session": self.session, "stream": self.stream, "max_tokens": self.max_tokens,
-                "request_id": self.request_id, "waited_ms": wait_ms,
+                "request_id": self.request_id, "waited_ms": wait_ms, "kind": self.kind,
                 "forward_reason": decision.reason, "forward_matched": decision.matched}
 
     @classmethod
@@ -61,7 +63,8 @@ class RequestContext:
         return cls(body=body, text=text, stream=stream, max_tokens=int(fmeta["max_tokens"]), allowed=allowed,
                    hops=max(1, int(fmeta.get("hops", 1))), origin=fmeta.get("origin", "?"),
                    session=fmeta.get("session"), request_id=fmeta.get("request_id") or new_request_id(),
-                   waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"))
+                   waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"),
+                   kind=fmeta.get("kind") or ("chat" if "messages" in body else "completion"))
 
 
 def new_request_id() -> str:

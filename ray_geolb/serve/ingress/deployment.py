@@ -21,6 +21,7 @@ from ray import serve
 from .config import INGRESS_DEPLOYMENT
 from .context import new_request_id
 from .errors import HEADER_PREFIX, GeoHTTPError
+from .model_client import ModelClient
 from .openai import client_headers, completion_response, forbidden, is_admin, parse_request
 from .request_path import RequestPath
 
@@ -37,6 +38,7 @@ class RegionIngress:
     (:class:`RequestPath`); this class adds HTTP and the handle methods peers call."""
 
     async def __init__(self, model, config: dict):
+        ModelClient.preload()
         self.path = RequestPath(config, model)
         self.path.start()
         cfg = self.path.cfg
@@ -59,8 +61,7 @@ class RegionIngress:
                 self.path.note_bad_request()
             return e.response({HEADER_PREFIX + "origin": self.region})
         try:
-            return completion_response(kind, meta, out, ctx.stream, debug, model=self.cfg.model_name,
-                                       region=self.region)
+            return completion_response(meta, out, ctx.stream, debug, region=self.region)
         except BaseException:
             if ctx.stream:
                 await out.aclose()

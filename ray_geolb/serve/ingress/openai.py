@@ -14,8 +14,9 @@
   ``x-geolb-queue-wait-ms`` and ``usage.prompt_tokens_details.cached_tokens`` -- are for the operator
   only (``IngressConfig.debug`` or the admin token in ``x-geolb-admin-token``, :func:`is_admin`): a
   matched length tells a client what *other* clients sent.
-* Responses: the completion JSON, or SSE chunks (``stream: true``) sent by an
-  :class:`OwnedStreamingResponse`, which closes its token source however the response ends.
+* Responses: what the region's ``LLMServer`` produced -- its completion JSON, or its SSE events
+  (``stream: true``) sent by an :class:`OwnedStreamingResponse`, which closes its source however the
+  response ends -- with the operator-only figures removed (:func:`private_payload`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from __future__ import annotations
 import hmac
 import json
 import math
-import time
-import uuid
 from typing import Any, AsyncIterator, Dict, FrozenSet, Mapping, Optional
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -33,11 +32,12 @@ from ray_geolb.policy.canonical import PromptFormatError, canonical_text
 
 from .context import RequestContext
 from .errors import HEADER_PREFIX, GeoHTTPError, as_http_error
+from .model_client import error_in
 
 __all__ = [
     "ADMIN_TOKEN_HEADER", "CLIENT_GEOLB_HEADERS", "HEADER_PREFIX", "PUBLIC_RESPONSE_HEADERS", "OwnedStreamingResponse",
     "PromptBody", "client_headers", "completion_response", "forbidden", "is_admin", "parse_allowed",
-    "parse_request", "response_headers", "sse_chunks", "usage", "validate_body",
+    "parse_request", "private_payload", "private_sse", "response_headers", "sse_events", "validate_body",
 ]
 
 ADMIN_TOKEN_HEADER = "x-geolb-admin-token"
@@ -114,6 +114,8 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
     if mt > max_tokens_limit:
         raise GeoHTTPError(400, f"'max_tokens' {mt} exceeds the limit {max_tokens_limit}", param="max_tokens")
     allowed = parse_allowed(body.pop("allowed_regions", None), "body field 'allowed_regions'")
+    if "max_tokens" not in body and "max_completion_tokens" not in body:
+        body["max_tokens"] = mt  # the engine runs with the limit the ingress validated
     try:
         text = canonical_text(body)
     except PromptFormatError as e:
@@ -160,7 +162,8 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
                                param="x-geolb-max-wait-s")
     session = headers_in.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
     return RequestContext(body=body, text=text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
-                          origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s)
+                          origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s,
+                          kind=kind)
 
 
 # ---------------------------------------------------------------------------------------------- the operator rule
@@ -192,19 +195,21 @@ def response_headers(meta: dict, debug: bool = False) -> dict:
     return h
 
 
-def usage(res: dict, debug: bool = False) -> dict:
-    pt = int(res.get("prompt_tokens") or 0)
-    ct = int(res.get("output_tokens") or 0)
-    u = {"prompt_tokens": pt, "completion_tokens": ct, "total_tokens": pt + ct}
-    if debug and res.get("cached_tokens") is not None:
-        u["prompt_tokens_details"] = {"cached_tokens": int(res["cached_tokens"])}
-    return u
+def private_payload(payload: dict, debug: bool = False) -> dict:
+    """A response JSON as a client may see it: without the per-request cache figure
+    (``usage.prompt_tokens_details``, i.e. cached tokens) unless ``debug``."""
+    u = payload.get("usage")
+    if not debug and isinstance(u, dict) and "prompt_tokens_details" in u:
+        payload = dict(payload, usage={k: v for k, v in u.items() if k != "prompt_tokens_details"})
+    return payload
 
 
-def _result_text(res: Any) -> str:
-    if isinstance(res, dict):
-        return str(res.get("text", ""))
-    return str(res)
+def private_sse(chunk: str, debug: bool = False) -> str:
+    """An SSE event as a client may see it (:func:`private_payload` on its JSON; only the usage
+    event carries the cache figure, so the others are passed on without parsing)."""
+    if debug or '"prompt_tokens_details"' not in chunk or not chunk.startswith("data: {"):
+        return chunk
+    return "data: " + json.dumps(private_payload(json.loads(chunk[len("data: "):]), False)) + "\n\n"
 
 
 class OwnedStreamingResponse(StreamingResponse):
@@ -223,53 +228,35 @@ class OwnedStreamingResponse(StreamingResponse):
             await self._source.aclose()
 
 
-def completion_response(kind: str, meta: dict, out, stream: bool, debug: bool, *, model: str,
-                        region: str) -> Response:
-    """The response to a served request: the completion JSON, or (``stream``) SSE chunks of the token
-    stream ``out``, which the response closes however it ends."""
-    rid = "chatcmpl-" + uuid.uuid4().hex[:24] if kind == "chat" else "cmpl-" + uuid.uuid4().hex[:24]
-    created = int(time.time())
+def completion_response(meta: dict, out, stream: bool, debug: bool, *, region: str) -> Response:
+    """The response to a served request: the server's completion JSON, or (``stream``) its SSE events
+    from the stream ``out``, which the response closes however it ends."""
     headers = response_headers(meta, debug)
     if not stream:
-        text_out = _result_text(out)
-        if kind == "chat":
-            choice = {"index": 0, "message": {"role": "assistant", "content": text_out}, "finish_reason": "length"}
-            obj = "chat.completion"
-        else:
-            choice = {"index": 0, "text": text_out, "logprobs": None, "finish_reason": "length"}
-            obj = "text_completion"
-        payload = {"id": rid, "object": obj, "created": created, "model": model, "choices": [choice],
-                   "usage": usage(out if isinstance(out, dict) else {}, debug)}
-        return JSONResponse(payload, headers=headers)
-    return OwnedStreamingResponse(sse_chunks(out, kind, rid, created, model, region), out,
-                                  media_type="text/event-stream", headers=headers)
+        return JSONResponse(private_payload(out, debug), headers=headers)
+    return OwnedStreamingResponse(sse_events(out, debug, region), out, media_type="text/event-stream",
+                                  headers=headers)
 
 
-async def sse_chunks(tokens: AsyncIterator, kind: str, rid: str, created: int, model: str, region: str):
-    """The SSE events of a streamed completion; an error after the headers went out is reported
-    in-band (``{"error": ...}``), then ``[DONE]``."""
-    n = 0
-    obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+async def sse_events(stream: AsyncIterator, debug: bool, region: str):
+    """The server's SSE events (each item a string or a batch of them); an error after the headers
+    went out is reported in-band (``{"error": ...}``), and the stream always ends with ``[DONE]``."""
+    done = False
     try:
-        async for tok in tokens:
-            if isinstance(tok, dict):  # a server may stream dict chunks
-                tok = tok.get("text", "")
-            if kind == "chat":
-                delta = {"content": str(tok)}
-                if n == 0:
-                    delta["role"] = "assistant"
-                choice = {"index": 0, "delta": delta, "finish_reason": None}
-            else:
-                choice = {"index": 0, "text": str(tok), "logprobs": None, "finish_reason": None}
-            n += 1
-            yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                         "choices": [choice]}) + "\n\n"
-        last = ({"index": 0, "delta": {}, "finish_reason": "length"} if kind == "chat"
-                else {"index": 0, "text": "", "logprobs": None, "finish_reason": "length"})
-        yield "data: " + json.dumps({"id": rid, "object": obj, "created": created, "model": model,
-                                     "choices": [last], "usage": {"completion_tokens": n}}) + "\n\n"
+        async for item in stream:
+            for ev in (item if isinstance(item, list) else (item,)):
+                if not isinstance(ev, str):  # an ErrorResponse mid-stream
+                    err = error_in(ev, region)
+                    ev = _error_event(err.message if err is not None else str(ev), "stream_error")
+                done = ev.startswith("data: [DONE]")
+                yield private_sse(ev, debug)
     except Exception as e:  # noqa: BLE001 - headers are sent: report the error in-band
         err = as_http_error(e, region)
-        msg = err.message if err is not None else f"{type(e).__name__}: {e}"
-        yield "data: " + json.dumps({"error": {"message": msg, "type": "stream_error"}}) + "\n\n"
-    yield "data: [DONE]\n\n"
+        done = False
+        yield _error_event(err.message if err is not None else f"{type(e).__name__}: {e}", "stream_error")
+    if not done:
+        yield "data: [DONE]\n\n"
+
+
+def _error_event(message: str, type_: str) -> str:
+    return "data: " + json.dumps({"error": {"message": message, "type": type_}}) + "\n\n"

@@ -42,6 +42,7 @@ from .config import IngressConfig
 from .context import RequestContext
 from .errors import ForwardFailed, GeoHTTPError, as_http_error
 from .local_view import LocalView, geo_router_of
+from .model_client import ModelClient, error_in
 from .openai import PromptBody
 from .peers import PeerMesh
 from .streams import NO_TOKEN, TokenStream, aclose_quietly, cancel_quietly
@@ -81,6 +82,7 @@ class RequestPath:
         self.cfg = cfg
         self.region = cfg.region
         self.model = model
+        self.llm = ModelClient(model, self.region)
         self.local = LocalView(cfg.local_availability, geo_router or geo_router_of(model))
         self.router = RegionRouter(cfg.two_layer_config(), self.local, clock=_now)
         self.admission = AdmissionQueue(cfg, self.decide, clock=_now)
@@ -237,7 +239,9 @@ class RequestPath:
         if ctx.stream:
             return await self._run_local_stream(ctx, d, wait_ms, slot)
         try:
-            res = await self.model.remote(ctx.body, max_tokens=ctx.max_tokens)
+            res = await self.llm.complete(ctx)
+        except GeoHTTPError:
+            raise
         except Exception as e:
             err = self._model_error(e)
             if err is not None:
@@ -245,20 +249,23 @@ class RequestPath:
             raise
         finally:
             slot.release()
-        return self._local_meta(ctx, d, wait_ms, res), res
+        return self._local_meta(ctx, d, wait_ms), res
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         gen = None
         try:
-            gen = self.model.options(stream=True).generate.remote(ctx.body, max_tokens=ctx.max_tokens)
+            gen = self.llm.stream(ctx)
             try:
                 first = await gen.__anext__()
             except StopAsyncIteration:
                 first = NO_TOKEN
+            err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
+            if err is not None:
+                raise err
         except BaseException as e:  # CancelledError too: the client left before the first token
             cancel_quietly(gen)
             slot.release()
-            if isinstance(e, Exception):
+            if isinstance(e, Exception) and not isinstance(e, GeoHTTPError):
                 err = self._model_error(e)
                 if err is not None:
                     raise err from None
@@ -272,7 +279,7 @@ class RequestPath:
             raise
         return meta, TokenStream(gen, first, on_close=slot.release)
 
-    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, result=None) -> dict:
+    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float) -> dict:
         info = self.local.decision(ctx.request_id)
         meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
                 "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
@@ -281,8 +288,6 @@ class RequestPath:
             meta["reason"] = info.get("reason") or d.reason
             meta["matched_prefix"] = int(info.get("matched") or 0)
             meta["queue_wait_ms"] = wait_ms + 1000.0 * float(info.get("queue_wait_s") or 0.0)
-        if meta["replica"] is None and isinstance(result, dict):
-            meta["replica"] = result.get("replica")
         return meta
 
     async def _forward(self, ctx: RequestContext, rreq: RouteRequest, d: RegionDecision, wait_ms: float):
