@@ -67,6 +67,7 @@ from dataclasses import dataclass, field, replace
 from heapq import heappop, heappush
 from typing import Optional, Sequence
 
+from .admission import request_fits
 from .profiles import ADMISSION_FIELDS, EngineProfile, check_admission, get_profile
 
 __all__ = ["EngineConfig", "EngineRequest", "EngineModel", "StepOutput", "request_fits"]
@@ -128,22 +129,6 @@ class EngineRequest:
     max_new_tokens: Optional[int] = None
 
 
-def request_fits(cfg, prompt_tokens: int, output_tokens: int, max_new_tokens: Optional[int] = None) -> bool:
-    """Whether an engine with ``cfg`` (an :class:`EngineProfile` or :class:`EngineConfig`) can ever run
-    the request: ``prompt + output <= max_model_len``, its KV fits the cache and, in SGLang mode, its
-    admission reservation fits an empty cache (engine/sglang.py). ``add_request`` rejects the rest."""
-    B = cfg.block_tokens
-    if prompt_tokens + output_tokens > cfg.max_model_len:
-        return False
-    if (prompt_tokens + output_tokens - 1 + B - 1) // B > cfg.num_gpu_blocks:
-        return False
-    if cfg.admission == "sglang":
-        from .sglang import sglang_reservation
-
-        return prompt_tokens + sglang_reservation(cfg, prompt_tokens, max_new_tokens) < cfg.num_gpu_blocks * B
-    return True
-
-
 @dataclass
 class StepOutput:
     duration: float
@@ -183,18 +168,6 @@ class EngineModel:
     #: take :meth:`_decode_step` for all-decode batches (False: always the general path; tests
     #: compare the two)
     decode_fast_path = True
-
-    def __new__(cls, profile: EngineProfile | str, config: Optional[EngineConfig] = None):
-        """``EngineModel(profile)`` is the SGLang model (engine/sglang.py) when the config's (else the
-        profile's) ``admission`` is ``"sglang"``; the vLLM model otherwise."""
-        if cls is EngineModel:
-            mode = config.admission if config is not None else (
-                get_profile(profile) if isinstance(profile, str) else profile).admission
-            if mode == "sglang":
-                from .sglang import SGLangEngineModel
-
-                cls = SGLangEngineModel
-        return super().__new__(cls)
 
     def __init__(self, profile: EngineProfile | str, config: Optional[EngineConfig] = None):
         if isinstance(profile, str):

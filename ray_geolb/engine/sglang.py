@@ -58,28 +58,17 @@ from __future__ import annotations
 
 from typing import Optional
 
+from .admission import max_new as _max_new
+from .admission import max_req_len as _max_req_len
+from .admission import sglang_reservation
 from .engine import _DONE, _RUNNING, _WAITING, EngineModel, StepOutput
 
 __all__ = ["SGLangEngineModel", "sglang_reservation"]
 
 
-def _max_req_len(cfg) -> int:
-    return min(cfg.max_model_len - 1, cfg.num_gpu_blocks * cfg.block_tokens - 1)
-
-
-def _max_new(cfg, prompt_tokens: int, max_new_tokens: Optional[int]) -> int:
-    """SGLang's max_new_tokens of a request (``scheduler.py:1019-1026``)."""
-    return max_new_tokens if max_new_tokens is not None else _max_req_len(cfg) - prompt_tokens - 1
-
-
-def sglang_reservation(cfg, prompt_tokens: int, max_new_tokens: Optional[int]) -> int:
-    """Output tokens SGLang reserves when it admits the request: ``min(max_new, clip)``."""
-    return min(_max_new(cfg, prompt_tokens, max_new_tokens), cfg.sgl_clip_max_new_tokens)
-
-
 class SGLangEngineModel(EngineModel):
-    """:class:`EngineModel` with SGLang's scheduler (module docstring); built by ``EngineModel(profile)``
-    when the profile's (or config's) ``admission`` is ``"sglang"``."""
+    """:class:`EngineModel` with SGLang's scheduler (module docstring); built by ``make_engine(profile)``
+    (engine/factory.py) when the profile's (or config's) ``admission`` is ``"sglang"``."""
 
     def __init__(self, profile, config=None):
         super().__init__(profile, config)

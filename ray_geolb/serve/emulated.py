@@ -34,7 +34,8 @@ from typing import Any, AsyncIterator, Deque, Dict, List, Optional
 from ray import serve
 
 from ray_geolb.engine.driver import AsyncEngineDriver
-from ray_geolb.engine.engine import EngineConfig, EngineModel, EngineRequest
+from ray_geolb.engine.engine import EngineConfig, EngineRequest
+from ray_geolb.engine.factory import make_engine
 from ray_geolb.engine.profiles import get_profile
 from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy import canonical_text
@@ -99,7 +100,7 @@ class EmulatedEngine:
                  engine_overrides: Optional[Dict[str, Any]] = None, chars_per_token: float = 4.0):
         prof = get_profile(profile)
         cfg = EngineConfig.from_profile(prof, **(engine_overrides or {}))
-        self.model = EngineModel(prof, cfg)
+        self.model = make_engine(prof, cfg)
         self.driver = AsyncEngineDriver(self.model, time_scale)
         self.time_scale = float(time_scale)
         self.output_tokens = int(output_tokens)

@@ -63,7 +63,9 @@ from dataclasses import dataclass
 from heapq import heappop, heappush
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
-from ray_geolb.engine.engine import EngineModel, EngineRequest, request_fits
+from ray_geolb.engine.admission import request_fits
+from ray_geolb.engine.engine import EngineRequest
+from ray_geolb.engine.factory import make_engine
 from ray_geolb.engine.profiles import get_profile
 from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy.availability import ReplicaStats
@@ -253,7 +255,7 @@ class Simulator:
         for region, n in dep.replicas.items():
             for i in range(n):
                 rid = f"{region}-{i}"
-                self.replicas[rid] = _Replica(rid, region, EngineModel(self.profile))
+                self.replicas[rid] = _Replica(rid, region, make_engine(self.profile))
                 by_region.setdefault(region, []).append(rid)
         self.lbs: Dict[str, _LB] = {}
         tl = dict(dep.two_layer)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import pytest
 
-from ray_geolb.engine.engine import EngineModel, EngineRequest
+from ray_geolb.engine.engine import EngineRequest
+from ray_geolb.engine.factory import make_engine
 from ray_geolb.engine.profiles import PROFILES, get_profile
 
 
 def ttft_batch1(profile_name: str, prompt_tokens: int, arrival: float = 5.0) -> float:
     """Arrival -> first output token for one request on an idle engine (batch size 1)."""
-    eng = EngineModel(profile_name)
+    eng = make_engine(profile_name)
     eng.add_request(EngineRequest("r", prompt_tokens, 4), arrival)
     now = arrival
     while True:
@@ -47,7 +48,7 @@ def test_llama31_8b_l4_matches_skylb_prefill():
 def inter_token_latency(profile_name: str, batch: int, context_tokens: int, steps: int = 20) -> float:
     """Mean time between two output tokens of ``batch`` requests decoding together, each with a
     ``context_tokens``-token prompt, once every prompt is prefilled (the engine model, not the profile)."""
-    eng = EngineModel(profile_name)
+    eng = make_engine(profile_name)
     for i in range(batch):
         eng.add_request(EngineRequest(f"r{i}", context_tokens, 10_000), 0.0)
     now, gaps, last = 0.0, [], None
@@ -83,7 +84,7 @@ def test_llama31_8b_l4_sglang_runs_20_to_50_requests_at_skylb_tot_sizes(prompt):
     # SkyLB §3.3: "for Llama 3.1 8B on a L4 GPU, the max number of outstanding requests can range from
     # 20 to 50 for the same dataset" (SGLang, §5). SkyLB's ToT requests (max_tokens 256, leaf prompts
     # ~700-1,300 tokens with the parents' outputs) on the SGLang L4 model: at most 20-50 run at once.
-    eng = EngineModel("llama3.1-8b-l4-sglang")
+    eng = make_engine("llama3.1-8b-l4-sglang")
     for i in range(120):
         eng.add_request(EngineRequest(f"r{i}", prompt, 256, (), 256), 0.0)
     now, most = 0.0, 0

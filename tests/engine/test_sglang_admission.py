@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ray_geolb.engine.engine import EngineConfig, EngineModel, EngineRequest, request_fits
+from ray_geolb.engine.factory import make_engine
 from ray_geolb.engine.profiles import EngineProfile, get_profile
 from ray_geolb.engine.sglang import SGLangEngineModel, sglang_reservation
 from ray_geolb.engine.tokens import blocks_from_hash_ids
@@ -23,7 +24,7 @@ DECAY = (0.7 - 0.7 * 0.14) / 600
 def make(**over) -> SGLangEngineModel:
     over.setdefault("admission", "sglang")
     over.setdefault("ttft_overhead_s", 0.0)
-    eng = EngineModel(L4, EngineConfig.from_profile(L4, **over))
+    eng = make_engine(L4, EngineConfig.from_profile(L4, **over))
     assert type(eng) is SGLangEngineModel
     return eng
 
@@ -33,7 +34,7 @@ def req(rid, p, o, max_new, hashes=()):
 
 
 def test_vllm_profiles_build_the_vllm_model_and_report_the_same_keys():
-    eng = EngineModel(L4)
+    eng = make_engine(L4)
     assert type(eng) is EngineModel and L4.admission == "vllm"
     sg = make()
     assert set(sg.stats()) == set(eng.stats()) | {"new_token_ratio"}
