@@ -16,6 +16,7 @@ import asyncio
 import time
 from typing import Callable, Optional
 
+from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_registry, logger, validate_extra
 
 __all__ = ["RegistryClient", "peer_states_from_table"]
@@ -27,7 +28,7 @@ class RegistryClient:
     ``provider()`` returns this source's heartbeat fields: ``available_replicas``, ``queue_len`` and
     optionally ``rtts`` ({peer: seconds}) and ``snapshot`` / ``snapshot_version`` (send them only when
     changed). ``on_table(table, received_at)`` is called with each table, ``received_at`` on this
-    process's monotonic clock.
+    policy clock (``serve/clock.py``: wall time, the clock the ingress prices peers' ages on).
     """
 
     def __init__(
@@ -44,7 +45,7 @@ class RegistryClient:
         reresolve_after: int = 2,
         create_if_missing: bool = True,
         registry_config: Optional[dict] = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = policy_now,
     ):
         if not (isinstance(period_s, (int, float)) and period_s > 0):
             raise ValueError(f"period_s must be > 0, got {period_s!r}")
@@ -162,9 +163,9 @@ class RegistryClient:
 
     async def _run(self) -> None:
         while True:
-            t0 = self._clock()
+            t0 = time.monotonic()
             await self.tick()
-            await asyncio.sleep(max(0.0, self.period_s - (self._clock() - t0)))
+            await asyncio.sleep(max(0.0, self.period_s - (time.monotonic() - t0)))
 
     async def fetch_snapshot(self, region: str) -> Optional[dict]:
         """The region's mirrored snapshot, or None (unreachable or none stored)."""

@@ -19,10 +19,10 @@ and the reports they send.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.policy import ReplicaStats
+from ray_geolb.serve.clock import policy_now
 
 #: report fields that carry an engine's load (ours and vLLM's SchedulerStats names)
 LOAD_FIELDS = ("num_waiting", "num_waiting_reqs", "waiting", "pending", "num_running", "num_running_reqs", "running")
@@ -64,7 +64,7 @@ class ReplicaSet:
         if frozenset(local) != self.local_set:
             self._set_local(local)
         self.local_reps = [by_id[u] for u in self.local_ids]
-        now = time.time()
+        now = policy_now()
         for uid in self.local_ids:
             self.first_seen.setdefault(uid, now)
             st = by_id[uid].routing_stats

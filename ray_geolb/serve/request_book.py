@@ -19,13 +19,13 @@ timed out); :meth:`RequestBook.completed` ends one that was.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
 from typing import Any, Dict, Optional
 
 from ray_geolb.policy import RouteRequest, canonical_text
 from ray_geolb.policy.canonical import PromptFormatError
 from ray_geolb.policy.hold_queue import HoldQueue
+from ray_geolb.serve.clock import policy_now
 
 __all__ = ["Entry", "RequestBook", "extract_prompt_text"]
 
@@ -122,7 +122,7 @@ class RequestBook:
 
     def unreserve(self, ent: Entry) -> None:
         if ent.target is not None:
-            self.policy.tracker.on_complete(ent.req.request_id, ent.target, time.time())
+            self.policy.tracker.on_complete(ent.req.request_id, ent.target, policy_now())
             ent.target = None
 
     def forget(self, iid: str) -> None:
@@ -240,7 +240,7 @@ class RequestBook:
         x = self.inflight.pop(iid, None)
         if x is not None:
             target, req = x
-            self.policy.on_complete(iid, target, time.time(), req=req)
+            self.policy.on_complete(iid, target, policy_now(), req=req)
         else:
             # Never accepted: the replica rejected it (Ray routes it again and choose_replicas makes a
             # new entry), or the caller went away after the replica was chosen and before it answered

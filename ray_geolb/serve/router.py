@@ -72,6 +72,7 @@ from ray.serve.request_router import PendingRequest, RequestRouter, RunningRepli
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import build_policy
+from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.errors import RouterQueueFull, RouterWaitTimeout
 from ray_geolb.serve.replica_set import ReplicaSet
@@ -196,7 +197,7 @@ class GeoPrefixRouter(RequestRouter):
             "available_replicas": self.num_available(),
             "queue_len": self.queue_len(),
             "local_replicas": self.num_local_replicas(),
-            "timestamp": time.time(),
+            "timestamp": policy_now(),
         }
 
     def decision(self, request_id: str) -> Optional[dict]:
@@ -230,7 +231,7 @@ class GeoPrefixRouter(RequestRouter):
     def _sync(self, replicas) -> None:
         self._update_share()
         self.replicas.sync(replicas)
-        self._check_load_signal(time.time())
+        self._check_load_signal(policy_now())
         if self.book.held and self.policy.tracker.available:
             self.book.wake_head()
 
@@ -284,7 +285,7 @@ class GeoPrefixRouter(RequestRouter):
             book.loop = asyncio.get_running_loop()
         if len(candidates) != len(self.replicas.by_id):
             self._sync(candidates)
-        now = time.time()
+        now = policy_now()
         if now >= self._next_load_check:
             self._check_load_signal(now)
         iid = pr.metadata.internal_request_id
@@ -329,7 +330,7 @@ class GeoPrefixRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         try:
             target = replica_id.unique_id
-            self.book.routed(pending_request, target, target in self.replicas.local_set, time.time(),
+            self.book.routed(pending_request, target, target in self.replicas.local_set, policy_now(),
                              self.policy_name)
         except Exception as e:
             self.counters["internal_errors"] += 1
@@ -373,7 +374,7 @@ class GeoPrefixRouter(RequestRouter):
             except BaseException:
                 self.book.forget(iid)
                 raise
-        remaining = self.wait_limit_s - (time.time() - pending_request.created_at)
+        remaining = self.wait_limit_s - (policy_now() - pending_request.created_at)
         try:
             if remaining <= 0:
                 raise TimeoutError
@@ -382,7 +383,7 @@ class GeoPrefixRouter(RequestRouter):
         except TimeoutError:
             self.book.forget(iid)
             self.counters["wait_timeout"] += 1
-            raise self._timeout_error(time.time() - pending_request.created_at) from None
+            raise self._timeout_error(policy_now() - pending_request.created_at) from None
         except BaseException:
             self.book.forget(iid)
             raise

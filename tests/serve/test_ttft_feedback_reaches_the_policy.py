@@ -5,7 +5,6 @@ samples, and the ingress's live local view under the region layer's cost selecto
 import asyncio
 import math
 import random
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -14,6 +13,7 @@ from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
 from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelector, PeerState, RegionRouter, TwoLayerConfig
 from ray_geolb.policy.ttft_model import POOLED
+from ray_geolb.serve.clock import policy_now
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -229,7 +229,7 @@ def test_saturated_region_forwards_by_relayed_extras():
         {"region": "us", "available_replicas": 0, "queue_len": 6},
     ])
     assert table["regions"]["eu"]["extra"] == {"queued_tokens": 0.0, "inflight": 6, "t_p_s": 2e-4, "replicas": 1}
-    now = time.monotonic()  # the ingress's clock (ingress._now)
+    now = policy_now()  # the ingress's clock (serve/clock.py)
 
     def region(with_extras):
         ing = _fake_ingress(_busy_geoprefix(), available=0, router_queue=6, router_tokens=6000.0)
@@ -298,7 +298,7 @@ def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     ing = _fake_ingress(geo, available=0)
     sel = ing.router.selector
     assert type(sel) is CostSelector and sel.config.stay_slot_wait
-    now = time.monotonic()
+    now = policy_now()
     for r in ("eu", "asia"):
         ing.router.update_peer(PeerState(r, 1, 0, now, extra={"queued_tokens": 0.0, "inflight": 2, "replicas": 1}))
     ing.router.observe_rtt("eu", 0.04)
@@ -307,7 +307,7 @@ def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     assert ing.local_drain_rate() is None
     d = ing.decide(req(0))
     assert (d.kind, d.reason) == ("hold", "stay_cheaper") and sel.last_slot_wait_s == 0.0, sel.last_costs
-    t = time.monotonic()
+    t = policy_now()
     for dt in (3.2, 2.4, 1.6, 0.8, 0.0):  # 5 completions in 3.2 s
         ing.router.on_local_complete(t - dt)
     ing.local_done()  # the ingress's own completion path feeds the same estimator (a 6th, now)

@@ -119,6 +119,14 @@ class LocalView:
     def router_present(self) -> bool:
         return self.geo_router() is not None
 
+    def router_report(self) -> Optional[dict]:
+        """The GeoPrefixRouter's policy and counters (None until it exists, or with Ray's routers)."""
+        r = self.geo_router()
+        if r is None:
+            return None
+        return {"policy": r.policy_name, "counters": dict(r.counters),
+                "headroom_share": list(r.policy.tracker.share)}
+
     def accounting(self) -> dict:
         """What requests hold here and in the router (see :meth:`GeoPrefixRouter.accounting`)."""
         out = {"local_unrouted": len(self.unrouted), "local_available": self.local_available()}

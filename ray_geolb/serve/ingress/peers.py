@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ray import serve
 
 from ray_geolb.policy.region import PeerState, RegionRouter
+from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.latency import LatencyInjector
 from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
 
@@ -47,7 +48,7 @@ class PeerMesh:
     ``extra`` (may be empty). ``on_peers_changed()`` is called after each new peer table."""
 
     def __init__(self, cfg: IngressConfig, source: str, router: RegionRouter, local_report: Callable[[], dict],
-                 on_peers_changed: Callable[[], None], clock: Callable[[], float] = time.monotonic):
+                 on_peers_changed: Callable[[], None], clock: Callable[[], float] = policy_now):
         self.cfg = cfg
         self.region = cfg.region
         self.source = source
@@ -74,7 +75,7 @@ class PeerMesh:
             r = cfg.registry
             self.registry = RegistryClient(self.region, self.source, self.heartbeat, self._on_table,
                                            name=r.name, namespace=r.namespace, period_s=r.period_s,
-                                           timeout_s=r.timeout_s, registry_config=r.config)
+                                           timeout_s=r.timeout_s, registry_config=r.config, clock=self._clock)
             self.registry.start()
             self._tasks.append(loop.create_task(self._load_snapshot()))
         if cfg.peers:
@@ -155,8 +156,8 @@ class PeerMesh:
         """One RTT sample to ``peer`` (through the injected latency), fed to ``RegionRouter.observe_rtt``."""
         if peer not in self._handles:  # warm-up call: the first one pays handle setup
             await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
-        t0 = self._clock()
+        t0 = time.monotonic()  # a duration: the process's monotonic clock
         await self.latency.hop(self.region, peer)
         await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
         await self.latency.hop(peer, self.region)
-        self.router.observe_rtt(peer, self._clock() - t0)
+        self.router.observe_rtt(peer, time.monotonic() - t0)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 import uuid
 from typing import Any, Callable, Hashable, Optional
 
@@ -36,6 +35,7 @@ from ray import serve
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.canonical import canonical_text
 from ray_geolb.policy.region import CostSelector, RegionDecision, RegionRouter
+from ray_geolb.serve.clock import policy_now
 
 from .admission import AdmissionQueue
 from .config import IngressConfig
@@ -51,7 +51,7 @@ logger = logging.getLogger("ray.serve")
 
 __all__ = ["COUNTERS", "RequestPath"]
 
-_now = time.monotonic
+_now = policy_now  # the router's clock (serve/clock.py): ages in its tree and peers' states
 
 #: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
 #: wait_timeout are the admission queue's)
@@ -382,6 +382,7 @@ class RequestPath:
             "snapshot_loaded_from_registry": self.peers.snapshot_loaded,
             "registry": self.peers.status(),
             "counters": self.counters,
+            "router": self.local.router_report(),  # the model deployment's router here: policy, counters
             "decisions": dict(self.decisions),
             "config": self.cfg.model_dump(exclude={"admin_token"}),
         }
