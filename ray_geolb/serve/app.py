@@ -287,6 +287,9 @@ def region_app(args: Dict[str, Any]):
     raw = args.pop("llm_config", None)
     emulated = dict(args.pop("emulated", None) or {})
     if raw is not None:
+        from ray_geolb.serve.llm_server import guard_broken_torch_extras
+
+        guard_broken_torch_extras()  # this runs in Serve's build task, before anything imported vLLM
         from ray.serve.llm import LLMConfig
 
         args["llm_config"] = raw if not isinstance(raw, dict) else LLMConfig.model_validate(raw)

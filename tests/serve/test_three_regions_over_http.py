@@ -1,5 +1,8 @@
-"""Three regions on a real local Ray Serve cluster: one labelled Ray node per region (us = head, eu,
-asia), one region app each (RegionIngress + emulated engines pinned by label_selector), the real HTTP
+"""Three regions on a real local Ray Serve cluster, deployed the way users deploy them: the ``serve
+deploy`` config ``examples/serve_three_regions.yaml`` (three region apps built by
+``ray_geolb.serve.app:region_app`` from an ``LLMConfig``: RegionIngress in front of Ray Serve LLM's
+``LLMServer``, routed by GeoPrefixRouter), with only the engine replaced by the emulated one
+(``tests/region_cluster.py``). One labelled Ray node per region (us = head, eu, asia), the real HTTP
 proxy, the real registry actor. ONE cluster for the whole module.
 
 Engines: max_num_seqs=2 per replica and real-time steps (~10 ms/token), so a replica is saturated by a
@@ -21,10 +24,9 @@ ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
 from ray import serve  # noqa: E402
+from region_cluster import deploy_config, region_cluster, serve_config_on_cpu, wait_for_peers  # noqa: E402
 
-from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
-from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
 from repo import REPO  # noqa: E402
 
@@ -34,40 +36,24 @@ REGIONS = {"us": 1, "eu": 1, "asia": 1}
 LABEL = "ray.io/availability-region"
 TOKEN = "test-admin-token-0123456789"
 ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}  # the operator: debug headers and the state endpoint
+MODEL = "llama-3.1-8b"  # the model id of examples/serve_three_regions.yaml
 
 
 @pytest.fixture(scope="module")
 def geo():
-    cluster = start_region_cluster(list(REGIONS), ray_temp_dir("geolb_mr_"), namespace="geolb_test_mr")
-    try:
-        port = free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-        apps = build_region_apps(
-            REGIONS, time_scale=1.0, output_tokens=16, engine_overrides={"max_num_seqs": 2},
-            latency={"scale": 0.1}, ingress={"max_queue": 10, "max_wait_s": 20.0, "admin_token": TOKEN})
-        deploy_region_apps(apps)
-        base = f"http://127.0.0.1:{port}"
-        # wait until every ingress sees both peers through the registry
-        deadline = time.time() + 60
-        with httpx.Client(timeout=30) as c:
-            while True:
-                states = [c.get(f"{base}/{r}/v1/geolb/state", headers=ADMIN).json() for r in REGIONS]
-                if all(len(s["available_peers"]) == 2 for s in states):
-                    break
-                assert time.time() < deadline, f"peers never became visible: {states}"
-                time.sleep(0.5)
+    with region_cluster(REGIONS, "geolb_mr_", "geolb_test_mr") as (base, port):
+        cfg = serve_config_on_cpu(
+            "examples/serve_three_regions.yaml", port,
+            engine={"time_scale": 1.0, "output_tokens": 16, "engine_overrides": {"max_num_seqs": 2}},
+            args={"regions": REGIONS, "latency": {"scale": 0.1},
+                  "ingress": {"max_queue": 10, "max_wait_s": 20.0, "admin_token": TOKEN}})
+        deploy_config(cfg)
+        wait_for_peers(base, REGIONS, ADMIN)
         yield base
-    finally:
-        try:
-            serve.shutdown()
-        except Exception:
-            pass
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def chat(content, n=16, **extra):
-    return {"model": "geolb-emulated", "messages": [{"role": "user", "content": content}], "max_tokens": n, **extra}
+    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": n, **extra}
 
 
 async def burst(base, region, bodies, headers=None):
@@ -97,7 +83,7 @@ async def wait_idle(base, regions=REGIONS, timeout=30):
 def test_models_health_and_headers(geo):
     with httpx.Client(timeout=60) as c:
         m = c.get(f"{geo}/eu/v1/models").json()
-        assert m["data"][0]["id"] == "geolb-emulated" and m["data"][0]["region"] == "eu"
+        assert m["data"][0]["id"] == MODEL and m["data"][0]["region"] == "eu"
         h = c.get(f"{geo}/asia/healthz", headers=ADMIN).json()
         assert h["status"] == "ok" and h["region"] == "asia" and h["registry"]["connected"]
         r = c.post(f"{geo}/us/v1/chat/completions", json=chat("tell me about the alps " * 20, n=5), headers=ADMIN)
@@ -138,7 +124,7 @@ def test_bad_requests_name_the_problem(geo):
         cases = [
             (c.post(u, content=b"{not json"), 400, "not valid JSON"),
             (c.post(u, json=[1, 2]), 400, "JSON object"),
-            (c.post(u, json={"model": "geolb-emulated"}), 400, "'messages'"),
+            (c.post(u, json={"model": MODEL}), 400, "'messages'"),
             (c.post(u, json={"messages": []}), 400, "'messages'"),
             (c.post(u, json={"messages": [{"content": "no role"}]}), 400, "role"),
             (c.post(u, json=chat("x", n=0)), 400, "max_tokens"),
@@ -424,7 +410,7 @@ def test_locustfile_runs_headless_against_the_region_endpoints(geo, tmp_path):
         pytest.skip("locust is not installed")
     asyncio.run(wait_idle(geo))
     prefix = tmp_path / "locust"
-    env = dict(os.environ, GEOLB_MAX_TOKENS="8", GEOLB_TURNS="3")
+    env = dict(os.environ, GEOLB_MODEL=MODEL, GEOLB_MAX_TOKENS="8", GEOLB_TURNS="3")
     locustfile = REPO / "examples" / "locustfile.py"
     p = subprocess.run(
         [sys.executable, "-m", "locust", "-f", str(locustfile), "--host", geo, "--headless", "-u", "5", "-r", "5",
@@ -532,3 +518,41 @@ def test_forged_internal_headers_are_ignored(geo):
     assert r.status_code == 200, r.text
     g = geoh(r)
     assert g["origin"] == "us" and g.keys() == {"region", "route", "origin"}
+
+
+# ---------------------------------------------------------------------------------------------- the LLMServer path
+def test_overloaded_region_is_served_by_a_peers_llmserver(geo):
+    """us is saturated (its LLMServer replica's two sequence slots busy): the next request is forwarded,
+    and a peer's LLMServer answers it -- the response headers say where, the peer's own router counts
+    the request it placed, and the two ingresses count the forward out and in."""
+    async def run():
+        await wait_idle(geo)
+        async with httpx.AsyncClient(timeout=120, headers=ADMIN) as c:
+            async def state(r):
+                return (await c.get(f"{geo}/{r}/v1/geolb/state")).json()
+
+            before = {r: await state(r) for r in REGIONS}
+            fill = [asyncio.ensure_future(c.post(f"{geo}/us/v1/chat/completions", json=chat(f"fill us {i} " * 30, n=60),
+                                                 headers={"x-allowed-regions": "us"})) for i in range(2)]
+            deadline = time.time() + 20
+            while (await state("us"))["local_available"] > 0:
+                assert time.time() < deadline
+                await asyncio.sleep(0.05)
+            probe = await c.post(f"{geo}/us/v1/chat/completions", json=chat("overflow please " * 30, n=4))
+            after = {r: await state(r) for r in REGIONS}
+            fills = await asyncio.gather(*fill)
+        return before, probe, after, fills
+
+    before, probe, after, fills = asyncio.run(run())
+    assert all(f.status_code == 200 for f in fills)
+    assert probe.status_code == 200, probe.text
+    g = geoh(probe)
+    peer = g["region"]
+    assert g["route"] == "forwarded" and g["origin"] == "us" and peer in ("eu", "asia"), g
+    body = probe.json()  # the peer's LLMServer's own OpenAI response, passed through
+    assert body["object"] == "chat.completion" and body["model"] == MODEL and body["usage"]["completion_tokens"] == 4
+    assert g["replica"] and body["system_fingerprint"].endswith(g["replica"])  # the replica that answered
+    assert after["us"]["counters"]["forwarded_out"] == before["us"]["counters"]["forwarded_out"] + 1
+    assert after[peer]["counters"]["forwarded_in"] == before[peer]["counters"]["forwarded_in"] + 1
+    assert after[peer]["router"]["counters"]["routed"] >= before[peer]["router"]["counters"]["routed"] + 1
+    assert after[peer]["router"]["policy"] == "geoprefix"

@@ -1,0 +1,91 @@
+"""A local multi-region Ray Serve cluster for the tests (one labelled Ray node per region), and the two
+ways to put region apps on it: ``build_region_apps`` in Python, or a ``serve deploy`` config file.
+
+``serve_config_on_cpu`` turns a deployment config written for GPUs (``examples/serve_three_regions.yaml``)
+into the one CI deploys: the same ``import_path`` builders and ``LLMConfig``, with only the engine
+replaced (``server_cls`` = the emulated-engine ``LLMServer`` subclass, no accelerator), one HTTP proxy on
+the head at a free local port (every "region" is this machine), and the test's engine/ingress options.
+"""
+
+import contextlib
+import copy
+import time
+
+import httpx
+import ray
+import yaml
+from ray import serve
+
+from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
+from repo import REPO
+
+EMULATED_SERVER = "ray_geolb.serve.llm_server:EmulatedLLMServer"
+
+
+@contextlib.contextmanager
+def region_cluster(regions, prefix: str, namespace: str):
+    """Start the cluster and Serve (one proxy, on the head); yields ``(base_url, port)``."""
+    cluster = start_region_cluster(list(regions), ray_temp_dir(prefix), namespace=namespace)
+    try:
+        port = free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}", port
+    finally:
+        try:
+            serve.shutdown()
+        except Exception:
+            pass
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def wait_for_peers(base: str, regions, headers: dict, timeout: float = 60.0) -> None:
+    """Until every region's ingress sees all its peers through the registry."""
+    deadline = time.time() + timeout
+    with httpx.Client(timeout=30, headers=headers) as c:
+        while True:
+            states = [c.get(f"{base}/{r}/v1/geolb/state").json() for r in regions]
+            if all(len(s.get("available_peers", ())) == len(regions) - 1 for s in states):
+                return
+            assert time.time() < deadline, f"peers never became visible: {states}"
+            time.sleep(0.3)
+
+
+def serve_config_on_cpu(path: str, port: int, engine: dict, args: dict) -> dict:
+    """The deployment config at ``path`` (relative to the repository) as CI deploys it (module docstring):
+    ``engine`` = the emulated engine's options, ``args`` = builder arguments merged into every app's."""
+    cfg = yaml.safe_load((REPO / path).read_text())
+    cfg = copy.deepcopy(cfg)
+    cfg["proxy_location"] = "HeadOnly"
+    cfg["http_options"] = {"host": "127.0.0.1", "port": port}
+    for app in cfg["applications"]:
+        a = app["args"]
+        llm = a["llm_config"]
+        llm["server_cls"] = EMULATED_SERVER
+        llm.pop("accelerator_type", None)
+        llm["log_engine_metrics"] = False
+        llm.setdefault("experimental_configs", {})["geolb_engine"] = dict(engine)
+        for k, v in args.items():
+            a[k] = {**a[k], **v} if isinstance(v, dict) and isinstance(a.get(k), dict) else v
+    return cfg
+
+
+def deploy_config(cfg: dict, timeout: float = 240.0) -> None:
+    """Deploy a multi-application config the way ``serve deploy`` does (the controller imports each
+    app's ``import_path`` builder and calls it with its ``args``), and wait until every app runs."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    schema = ServeDeploySchema.model_validate(cfg)
+    _get_global_client().deploy_apps(schema)
+    names = [a.name for a in schema.applications]
+    deadline = time.time() + timeout
+    while True:
+        status = serve.status().applications
+        states = {n: str(status[n].status) if n in status else "MISSING" for n in names}
+        if all(s.endswith("RUNNING") for s in states.values()):
+            return
+        failed = {n: status[n].message for n in names if n in status and "FAIL" in str(status[n].status)}
+        assert not failed, failed
+        assert time.time() < deadline, states
+        time.sleep(1.0)
