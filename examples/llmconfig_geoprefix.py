@@ -71,6 +71,8 @@ def main(argv=None):
 
         cfg = LLMConfig(
             model_loading_config={"model_id": args.model, "model_source": args.model},
+            # vLLM's LLMServer + the stat logger that puts the engine's load in its routing stats
+            server_cls="ray_geolb.serve.stats_plugin:GeoVLLMServer",
             engine_kwargs={"max_model_len": 8192, "enable_prefix_caching": True},
             deployment_config={
                 "num_replicas": args.replicas,

@@ -42,6 +42,7 @@ def labels_in_commands(cfg):
 def test_there_are_configs():
     names = {p.name for p in YAMLS}
     assert "local-multiregion.yaml" in names and any(n.startswith("aws-") for n in names), names
+    assert any(n.startswith("gcp-") for n in names), names
 
 
 @pytest.mark.parametrize("path", YAMLS, ids=lambda p: p.name)
@@ -113,12 +114,16 @@ def test_local_multiregion_assigns_every_region():
     assert head_labels == [{REGION_KEY: "us"}]
 
 
-def test_aws_has_explicit_resources_and_region_labels():
-    raw = load(CONFIG_DIR / "aws-us-east-1.yaml")
-    assert raw["provider"]["type"] == "aws" and raw["provider"]["region"] == "us-east-1"
-    for name, nt in raw["available_node_types"].items():
-        assert nt.get("resources"), f"{name}: offline validation needs explicit resources"
-        assert nt["labels"][REGION_KEY] == "us"
+@pytest.mark.parametrize("name, provider, cloud_region, region", [
+    ("aws-us-east-1.yaml", "aws", "us-east-1", "us"),
+    ("gcp-europe-west4.yaml", "gcp", "europe-west4", "eu"),
+])
+def test_cloud_configs_have_explicit_resources_and_region_labels(name, provider, cloud_region, region):
+    raw = load(CONFIG_DIR / name)
+    assert raw["provider"]["type"] == provider and raw["provider"]["region"] == cloud_region
+    for node_type, nt in raw["available_node_types"].items():
+        assert nt.get("resources"), f"{node_type}: offline validation needs explicit resources"
+        assert nt["labels"][REGION_KEY] == region
 
 
 # ---------------------------------------------------------------------------------------------- install step
