@@ -1,5 +1,6 @@
-"""Config models of the region layer (SkyLB's layer 1): :class:`TwoLayerConfig` and the 'cost' peer
-selector's :class:`CostSelectorConfig`, with its two presets.
+"""Config models of the region layer (SkyLB's layer 1): :class:`TwoLayerConfig`, the 'cost' peer
+selector's :class:`CostSelectorConfig` with its two presets, and :class:`RegionLayerSettings` -- how every
+region's load balancer is *deployed* (one object for the Serve ingress and the simulator: ``REGION_LAYER``).
 
 * ``GORGO_COST`` (``remote_queue=False``): GORGO's code leaves the peer's queue out;
 * ``GEOPREFIX_COST``: the peer's queue (staleness-inflated), aged and minimum-length matches, the
@@ -10,14 +11,15 @@ selector's :class:`CostSelectorConfig`, with its two presets.
 from __future__ import annotations
 
 import re
-from typing import Dict, FrozenSet, Literal, Optional
+from typing import Any, Dict, FrozenSet, Literal, Optional
 
 from pydantic import Field, field_validator
 
 from ..config import PrefixIndexConfig, _Strict
 from ..ttft_model import TtftModelConfig
 
-__all__ = ["REGION_PATTERN", "CostSelectorConfig", "GORGO_COST", "GEOPREFIX_COST", "TwoLayerConfig"]
+__all__ = ["REGION_PATTERN", "CostSelectorConfig", "GORGO_COST", "GEOPREFIX_COST", "REGION_LAYER",
+           "RegionLayerSettings", "TwoLayerConfig"]
 
 REGION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
 
@@ -50,13 +52,80 @@ GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life
                   "w_shared": 1.0, "stay_slot_wait": True}
 
 
+class RegionLayerSettings(_Strict):
+    """How one region's load balancer is deployed, wherever it runs: the Serve ingress takes its defaults
+    from here (``serve/ingress/config.py``: ``IngressConfig`` and its ``RegistryOptions``), and the
+    simulator builds every per-region LB from it (``sim/deploy.py``: ``DeploymentSpec.region_layer``).
+    ``tests/sim/test_simulator_runs_the_serve_region_layer_config.py`` compares the two field by field.
+
+    What each field means on the two sides:
+
+    * ``peer_stale_s`` -- ``TwoLayerConfig.peer_stale_s`` (its default is this one);
+    * ``heartbeat_period_s`` -- each LB sends its heartbeat to the registry and reads the peer table
+      back in one call, once per period (Serve: ``RegistryOptions.period_s``, ``RegistryClient``; the
+      simulator: the same ``RegistryState`` in one region, each leg paying the one-way delay);
+    * ``rtt_probe_period_s`` -- each LB pings its peers one after another, then waits this long; the
+      samples feed ``RegionRouter.observe_rtt`` and travel to the peers through the registry (the
+      heartbeat's ``PeerState.rtt_s``: this region's measurement, else the peer's, else unknown);
+    * ``note_forwards`` -- after each forward the LB counts one request in that peer's queue until the
+      next peer table replaces the entry (``RegionRouter.note_forward``; Serve: ``RequestPath._forward``),
+      so a burst stops going to a peer after ~``tau`` forwards per table instead of herding there;
+    * ``forward_past_queue`` -- the LB queue is FCFS for *local* capacity only: a newcomer behind
+      waiting requests, and a waiting request that is not the head, may still be forwarded (or
+      rejected) -- each decided with the real number of requests ahead of it, which is what the
+      'cost' selector's slot wait prices (Serve: ``AdmissionQueue``). Off: strict FCFS, only the
+      head is decided (the simulator's central LBs, which are not this ingress);
+    * ``max_queue`` / ``max_wait_s`` / ``retry_after_s`` -- a request that must wait when ``max_queue``
+      already wait is refused (Serve: HTTP 429); one that waited ``max_wait_s`` is refused (HTTP 503);
+      both tell the client to retry after ``retry_after_s``. The simulator's clients do (counters
+      ``lb_queue_full`` / ``lb_wait_timeout``; the request stays in flight);
+    * ``default_policy`` -- the local policy of a region app that names none (Serve:
+      ``serve.router.DEFAULT_POLICY``);
+    * ``peer_selectors`` -- local policy -> the ``TwoLayerConfig`` fields of its region layer (the peer
+      selector and its settings); a policy not listed gets SkyLB's prefix selector (the default).
+
+    ``note_forwards`` and ``forward_past_queue`` are code paths in Serve, not options; the flags let
+    the simulator switch them off for an ablation, and the comparison test checks that the Serve code
+    still does what the defaults say."""
+
+    peer_stale_s: float = Field(2.0, gt=0, description="a peer heartbeat older than this is ignored")
+    heartbeat_period_s: float = Field(0.25, gt=0, description="heartbeat + peer-table read through the registry")
+    rtt_probe_period_s: float = Field(1.0, gt=0, description="pause between two rounds of RTT probes")
+    note_forwards: bool = Field(True, description="count each forward in the peer's queue until the next table")
+    forward_past_queue: bool = Field(True, description="a request behind waiting ones may still be forwarded")
+    max_queue: int = Field(256, ge=0, description="requests that may wait at one LB (more: refused, HTTP 429)")
+    max_wait_s: float = Field(30.0, gt=0, description="longest wait at one LB (then refused, HTTP 503)")
+    retry_after_s: float = Field(1.0, ge=0, description="Retry-After of a refusal (simulated clients honour it)")
+    default_policy: str = Field("geoprefix", min_length=1, description="local policy of an app that names none")
+    peer_selectors: Dict[str, Dict[str, Any]] = Field(
+        default_factory=lambda: {
+            "geoprefix": {"remote": "cost", "cost": dict(GEOPREFIX_COST)},
+            "gorgo": {"remote": "cost", "cost": dict(GORGO_COST)},
+            "skylb_ch": {"remote": "ring"},
+        },
+        description="local policy -> TwoLayerConfig fields of its region layer (others: the prefix selector)")
+
+    def two_layer(self, policy: Optional[str] = None) -> Dict[str, Any]:
+        """The ``TwoLayerConfig`` fields (no ``region``) of a region LB whose local policy is ``policy``
+        (None: ``default_policy``): ``peer_stale_s`` and the policy's peer selector. A fresh dict."""
+        sel = self.peer_selectors.get(self.default_policy if policy is None else policy, {})
+        out: Dict[str, Any] = {"peer_stale_s": self.peer_stale_s}
+        out.update({k: (dict(v) if isinstance(v, dict) else v) for k, v in sel.items()})
+        return out
+
+
+#: the one deployed default (the Serve ingress's defaults and the simulator's per-region LBs)
+REGION_LAYER = RegionLayerSettings()
+
+
 class TwoLayerConfig(_Strict):
     region: str = Field(..., min_length=1, pattern=REGION_PATTERN, description="this LB's region name")
     tau: int = Field(2, ge=0, description="a peer whose LB queue is longer than this is unavailable")
     remote: Literal["prefix", "ring", "nearest", "cost"] = Field(
         "prefix", description="how a peer is chosen (region/router.py: PEER_SELECTORS)")
     max_hops: int = Field(1, ge=0, le=1, description="0 = region-local (never forward), 1 = SkyLB")
-    peer_stale_s: float = Field(10.0, gt=0, description="a peer heartbeat older than this is ignored")
+    peer_stale_s: float = Field(REGION_LAYER.peer_stale_s, gt=0,
+                                description="a peer heartbeat older than this is ignored (default: REGION_LAYER's)")
     snapshot: PrefixIndexConfig = PrefixIndexConfig(max_nodes=100_000)
     virtual_nodes: int = Field(256, ge=1)
     cost: CostSelectorConfig = Field(CostSelectorConfig(), description="the 'cost' selector's settings (remote='cost')")

@@ -1,5 +1,11 @@
 """Configuration of one region's ingress: :class:`IngressConfig` (JSON-able; built by
-``app.build_region_apps``) and the :class:`RegistryOptions` of its registry link."""
+``app.build_region_apps``) and the :class:`RegistryOptions` of its registry link.
+
+The region layer's deployment defaults -- the peer selector (by the default policy, GeoPrefix's 'cost'
+selector), peer staleness, the registry's heartbeat period, the RTT probe period, the queue bound, the
+wait limit and the Retry-After of a refusal -- are not set here but read from the policy core's
+:data:`~ray_geolb.policy.region.config.REGION_LAYER`, the object the simulator builds its per-region
+LBs from (``tests/sim/test_simulator_runs_the_serve_region_layer_config.py`` compares both sides)."""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from typing import Dict, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ray_geolb.policy.region import TwoLayerConfig
+from ray_geolb.policy.region import REGION_LAYER, CostSelectorConfig, TwoLayerConfig
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE
 
 __all__ = ["INGRESS_DEPLOYMENT", "IngressConfig", "RegistryOptions"]
@@ -20,7 +26,8 @@ class RegistryOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = DEFAULT_NAME
     namespace: str = DEFAULT_NAMESPACE
-    period_s: float = Field(0.25, gt=0)
+    #: one heartbeat + peer-table read per period (``REGION_LAYER.heartbeat_period_s``)
+    period_s: float = Field(REGION_LAYER.heartbeat_period_s, gt=0)
     timeout_s: float = Field(1.0, gt=0)
     config: Optional[dict] = None  # RegistryState kwargs if this ingress creates the actor
 
@@ -34,21 +41,23 @@ class IngressConfig(BaseModel):
     model_name: str = "geolb-emulated"
     #: peer region -> its Serve application name (its ingress is ``INGRESS_DEPLOYMENT`` there)
     peers: Dict[str, str] = Field(default_factory=dict)
-    #: TwoLayerConfig fields except ``region`` (tau, remote, max_hops, peer_stale_s, snapshot, ...)
-    two_layer: dict = Field(default_factory=lambda: {"peer_stale_s": 2.0})
+    #: TwoLayerConfig fields except ``region`` (tau, remote, max_hops, peer_stale_s, snapshot, ...); default:
+    #: the default policy's region layer, ``REGION_LAYER.two_layer()`` (GeoPrefix: the 'cost' selector)
+    two_layer: dict = Field(default_factory=REGION_LAYER.two_layer)
     #: "router": read the GeoPrefixRouter's availability; "always": every request is local-available
     #: (baselines with Ray's own routers, which have no availability notion)
     local_availability: Literal["router", "always"] = "router"
-    max_queue: int = Field(256, ge=0, description="requests that may wait at this ingress (more -> 429)")
-    max_wait_s: float = Field(30.0, gt=0, description="longest wait at this ingress (then 503)")
-    retry_after_s: float = Field(1.0, ge=0)
+    max_queue: int = Field(REGION_LAYER.max_queue, ge=0,
+                           description="requests that may wait at this ingress (more -> 429)")
+    max_wait_s: float = Field(REGION_LAYER.max_wait_s, gt=0, description="longest wait at this ingress (then 503)")
+    retry_after_s: float = Field(REGION_LAYER.retry_after_s, ge=0)
     poll_s: float = Field(0.02, gt=0, description="re-decide period of the head of the queue")
     registry: Optional[RegistryOptions] = RegistryOptions()
     latency: Optional[dict] = None  # LatencyInjector.from_spec; None = default table, scale 1
-    rtt_probe_period_s: float = Field(1.0, gt=0)
+    rtt_probe_period_s: float = Field(REGION_LAYER.rtt_probe_period_s, gt=0)
     #: EWMA weight of the RTT probes; set, it becomes ``two_layer.cost.rtt_alpha`` (the weight of
     #: RegionRouter's one RTT estimate) unless ``two_layer.cost`` sets that itself
-    rtt_ewma: float = Field(0.3, gt=0, le=1)
+    rtt_ewma: float = Field(CostSelectorConfig.model_fields["rtt_alpha"].default, gt=0, le=1)
     snapshot_period_s: float = Field(1.0, gt=0)
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)

@@ -214,6 +214,7 @@ def test_slot_wait_turns_a_hold_into_a_forward_in_geoprefix_only():
         first = r.decide(rq(0, "q" * 400), 10.0).kind
         for i in range(8):  # 8 completions in the last 4 s
             r.on_local_complete(10.0 + 0.5 * i)
+        r.update_peer(PeerState("eu", 2, 0, 13.4, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
         return first, r.decide(rq(1, "q" * 400), 13.5), r
     first, d, r = run(GEOPREFIX_COST)
     assert first == "hold" and d.kind == "forward" and d.target == "eu", r.selector.last_costs
