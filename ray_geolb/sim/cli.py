@@ -58,7 +58,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                                                      "run llama3.1-8b-l4-sglang; otherwise llama3.1-8b-l4)")
     sp.add_argument("--stats-period", type=float, default=None, help="replica stats period (s, default 0.5)")
     sp.add_argument("--stats-lag", type=float, default=None, help="replica stats delivery lag (s, default 0.3)")
-    sp.add_argument("--heartbeat", type=float, default=None, help="LB heartbeat period (s, default 0.5)")
+    sp.add_argument("--heartbeat", type=float, default=None,
+                    help="per-region LBs' heartbeat period through the registry (s, default 0.25: "
+                         "REGION_LAYER.heartbeat_period_s)")
     sp.add_argument("--data-dir", default=None, help="directory with full data files (sharegpt / wildchat / gsm8k)")
     sp.add_argument("--out", default=None, help="output directory (results.json, summary.txt, PNG)")
     g = sp.add_mutually_exclusive_group()
@@ -84,8 +86,10 @@ def _build_runs(args, parser) -> List[dict]:
     _check_numbers(args, parser)
     seeds = _seeds(args, parser)
     deploy_over = {k: v for k, v in (("profile", args.profile), ("stats_period_s", args.stats_period),
-                                     ("stats_lag_s", args.stats_lag), ("heartbeat_s", args.heartbeat))
+                                     ("stats_lag_s", args.stats_lag))
                    if v is not None and (k != "profile" or v)}
+    if args.heartbeat is not None:  # the region layer's registry heartbeat (REGION_LAYER.heartbeat_period_s)
+        deploy_over["region_layer"] = {"heartbeat_period_s": args.heartbeat}
     if args.scenario:
         return _scenario_runs(args, parser, seeds, deploy_over)
     return _workload_runs(args, parser, seeds, deploy_over)

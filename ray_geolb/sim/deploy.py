@@ -10,10 +10,21 @@ A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_
     - ``"central"``: ONE load balancer in ``central_region`` whose policy sees every replica of every
       region (SkyLB §5.1 baselines RR/LL/CH/SGL, "a single load balancer in the US").
 * ``policy``: a policy name or config dict for :func:`ray_geolb.policy.build_policy`;
-* ``two_layer``: extra :class:`~ray_geolb.policy.region.config.TwoLayerConfig` fields (``tau``, ``remote``...);
+* ``region_layer``: overrides of :class:`~ray_geolb.policy.region.config.RegionLayerSettings` fields; the
+  per-region and region-local LBs are deployed as ``REGION_LAYER`` with these changes (:attr:`settings`):
+  the Serve ingress's region layer -- peer selector by local policy, peer staleness, heartbeats through
+  a registry every ``heartbeat_period_s``, RTT probes, per-forward accounting, forwards past a waiting
+  queue, the queue bound (429) and the wait limit (503). The central LBs are not that ingress (they
+  model SkyLB's single-LB baselines and the DP front-ends): strict FCFS, unbounded, no peers;
+* ``two_layer``: :class:`~ray_geolb.policy.region.config.TwoLayerConfig` fields (``tau``, ``remote``...)
+  over the policy's own (``settings.two_layer(policy)``, filled in by the constructor for per-region
+  and region-local LBs, so ``two_layer`` is the effective config);
 * ``profile``: engine profile name (default ``llama3.1-8b-l4``, SkyLB's hardware);
 * ``stats_period_s`` / ``stats_jitter`` / ``stats_lag_s``: replica reports reach their LB(s) every
-  period (+-jitter) after the lag (Ray Serve: controller poll + broadcast); ``heartbeat_s``: LB<->LB.
+  period (+-jitter) after the lag (Ray Serve: controller poll + broadcast);
+* the registry LBs heartbeat through sits in ``central_region`` (the home region: Serve's
+  ``deploy_region_apps`` creates it from the driver, on the head node) if that region is in the
+  network, else in the first LB region (:meth:`DeploymentSpec.registry_region`).
 * ``network``: a :class:`~ray_geolb.engine.network.RegionNetwork` (default ``RegionNetwork.default()``),
   or (through :func:`deployment_for` / :func:`resolve_network`) a name in ``NETWORKS`` or a plain dict
   ``{"regions": [...], "rtt_ms": [[a, b, ms], ...], "intra_ms": 0}`` so a run dict stays JSON-able;
@@ -29,18 +40,19 @@ A *system* name maps to a deployment recipe (``SYSTEMS``): ``skylb``, ``skylb-ch
 the issue-5 systems, each with its paper's intended deployment:
 
 * ``gorgo`` — GORGO (§3.3): one LB per region, local GORGO cost policy (SP-P admission), layer 1 =
-  the ``cost`` selector with ``GORGO_COST`` (RTT + residual prefill; the peer's queue left out, as in
-  GORGO's code; staying is an option when the local queue estimate is cheaper). ``t_p`` is GORGO's
-  measured constant (§4.2, Table 1: the TTFT-vs-input-tokens slope of the serving engine), here the
-  deployment's engine profile's batch-1 TTFT line: ``t_p = prefill_per_token_s + attn_per_ctx_token_s``,
-  base ``= ttft_overhead_s + step_base_s`` (:func:`gorgo_ttft_line`; on ``mistral-7b-a100`` exactly
-  GORGO's 150.72 ms + 0.0938 ms/token);
+  the ``cost`` selector with ``GORGO_COST`` (``REGION_LAYER.peer_selectors["gorgo"]``: RTT + residual
+  prefill; the peer's queue left out, as in GORGO's code; staying is an option when the local queue
+  estimate is cheaper). ``t_p`` is GORGO's measured constant (§4.2, Table 1: the TTFT-vs-input-tokens
+  slope of the serving engine), here the deployment's engine profile's batch-1 TTFT line:
+  ``t_p = prefill_per_token_s + attn_per_ctx_token_s``, base ``= ttft_overhead_s + step_base_s``
+  (:func:`gorgo_ttft_line`; on ``mistral-7b-a100`` exactly GORGO's 150.72 ms + 0.0938 ms/token);
 * ``gorgo-online`` — the same with ``t_p`` learned online from observed TTFTs (no floor), the
   variant this project ran as ``gorgo`` before;
 * ``gorgo-proxy`` — GORGO-proxy (§4.4): ONE central HTTP proxy running the GORGO cost over every
   replica of every region, network term = RTT client -> proxy -> replica, constant ``t_p`` as ``gorgo``;
 * ``geoprefix`` — ours: per-region LBs, ``geoprefix`` local policy, ``cost`` selector with
-  ``GEOPREFIX_COST`` (remote queue included);
+  ``GEOPREFIX_COST`` (remote queue included; ``REGION_LAYER.peer_selectors["geoprefix"]``, as the
+  Serve app's default);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -60,7 +72,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.engine.network import RegionNetwork
 from ray_geolb.engine.profiles import PROFILES, EngineProfile, get_profile
-from ray_geolb.policy.region.config import GEOPREFIX_COST, GORGO_COST
+from ray_geolb.policy.region.config import REGION_LAYER, RegionLayerSettings
 
 __all__ = [
     "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
@@ -68,6 +80,8 @@ __all__ = [
 ]
 
 LB_KINDS = ("per-region", "region-local", "central")
+#: the LB kinds deployed as the Serve ingress (``DeploymentSpec.settings`` applies)
+INGRESS_LB_KINDS = ("per-region", "region-local")
 DEFAULT_PROFILE = "llama3.1-8b-l4"
 
 
@@ -82,10 +96,12 @@ class DeploymentSpec:
     stats_period_s: float = 0.5
     stats_jitter: float = 0.1
     stats_lag_s: float = 0.3
-    heartbeat_s: float = 0.5
+    region_layer: Dict[str, Any] = field(default_factory=dict)
     network: Optional[RegionNetwork] = None
     system: str = ""
     rtt_aware: bool = False
+    #: the region layer's settings: ``REGION_LAYER`` with ``region_layer``'s changes (set by the constructor)
+    settings: RegionLayerSettings = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if self.lb_kind not in LB_KINDS:
@@ -99,9 +115,14 @@ class DeploymentSpec:
             raise ValueError("a deployment needs at least one replica")
         if self.profile not in PROFILES:
             raise ValueError(f"unknown engine profile {self.profile!r}; known: {', '.join(sorted(PROFILES))}")
-        for f in ("stats_period_s", "heartbeat_s"):
-            if not getattr(self, f) > 0:
-                raise ValueError(f"{f} must be > 0, got {getattr(self, f)!r}")
+        if not self.stats_period_s > 0:
+            raise ValueError(f"stats_period_s must be > 0, got {self.stats_period_s!r}")
+        try:
+            self.settings = RegionLayerSettings.model_validate({**REGION_LAYER.model_dump(), **self.region_layer})
+        except Exception as e:
+            raise ValueError(f"region_layer: {e}") from None
+        if self.ingress_lbs:  # the policy's own region layer, then the deployment's changes
+            self.two_layer = {**self.settings.two_layer(_policy_name(self.policy)), **self.two_layer}
         if self.stats_lag_s < 0:
             raise ValueError(f"stats_lag_s must be >= 0, got {self.stats_lag_s!r}")
         if not 0 <= self.stats_jitter < 1:
@@ -117,6 +138,15 @@ class DeploymentSpec:
                 raise ValueError(f"replica region {r!r} is not in the network {self.network.regions}")
         if self.lb_kind == "central" and self.central_region not in self.network:
             raise ValueError(f"central_region {self.central_region!r} is not in the network {self.network.regions}")
+
+    @property
+    def ingress_lbs(self) -> bool:
+        """Whether the LBs are deployed as the Serve ingress (per-region / region-local; not central)."""
+        return self.lb_kind in INGRESS_LB_KINDS
+
+    def registry_region(self) -> str:
+        """Where the registry the LBs heartbeat through sits (see the module docstring)."""
+        return self.central_region if self.central_region in self.network else self.lb_regions()[0]
 
     @property
     def replica_regions(self) -> List[str]:
@@ -148,7 +178,7 @@ class DeploymentSpec:
             "stats_period_s": self.stats_period_s,
             "stats_jitter": self.stats_jitter,
             "stats_lag_s": self.stats_lag_s,
-            "heartbeat_s": self.heartbeat_s,
+            "region_layer": self.settings.model_dump() if self.ingress_lbs else None,
             "rtt_aware": self.rtt_aware,
             "network_rtt_ms": {f"{a}-{b}": self.network.rtt_ms(a, b)
                                for i, a in enumerate(self.network.regions)
@@ -186,8 +216,7 @@ def register_system(name: str, lb_kind: str, policy: Any, description: str = "",
 
 
 register_system("skylb", "per-region", "skylb", "SkyLB: per-region LBs, prefix tree + SP-P, snapshot forwarding")
-register_system("skylb-ch", "per-region", "skylb_ch", "SkyLB-CH: per-region LBs, ring + SP-P, ring over regions",
-                two_layer={"remote": "ring"})
+register_system("skylb-ch", "per-region", "skylb_ch", "SkyLB-CH: per-region LBs, ring + SP-P, ring over regions")
 register_system("region-local", "region-local", "skylb", "per-region SkyLB LBs that never forward (Fig. 10 baseline)",
                 two_layer={"max_hops": 0})
 register_system("rr", "central", "round_robin", "one LB in the US, round robin, blind pushing")
@@ -226,16 +255,14 @@ def _gorgo_fixed(name: str) -> Callable[[EngineProfile], Dict[str, Any]]:
 
 register_system("gorgo", "per-region", _gorgo_fixed("gorgo"),
                 "GORGO: per-region LBs, GORGO cost locally with the engine's constant t_p, cost selector without "
-                "the peer's queue", two_layer={"remote": "cost", "cost": dict(GORGO_COST)})
+                "the peer's queue")
 register_system("gorgo-online", "per-region", "gorgo",
-                "GORGO with t_p learned online from observed TTFTs (no floor)",
-                two_layer={"remote": "cost", "cost": dict(GORGO_COST)})
+                "GORGO with t_p learned online from observed TTFTs (no floor)")
 register_system("gorgo-proxy", "central", _gorgo_fixed("gorgo_proxy"),
                 "GORGO-proxy: one central proxy, GORGO cost (constant t_p) over every replica, "
                 "RTT client->proxy->replica", rtt_aware=True)
 register_system("geoprefix", "per-region", "geoprefix",
-                "GeoPrefix (ours): per-region LBs, per-request TTFT cost, cost selector with the peer's queue",
-                two_layer={"remote": "cost", "cost": dict(GEOPREFIX_COST)})
+                "GeoPrefix (ours): per-region LBs, per-request TTFT cost, cost selector with the peer's queue")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")
@@ -278,6 +305,15 @@ def resolve_network(spec: Any) -> RegionNetwork:
             pairs[(item[0], item[1])] = item[2]
         return RegionNetwork.from_pairs(spec["regions"], pairs, intra_ms=float(spec.get("intra_ms", 0.0)))
     raise ValueError(f"network must be a RegionNetwork, a name or a dict, got {type(spec).__name__}")
+
+
+def _policy_name(policy: Any) -> Optional[str]:
+    """The name of a policy spec: a name, a config dict's ``name``, a config object's ``name``."""
+    if isinstance(policy, str):
+        return policy
+    if isinstance(policy, dict):
+        return policy.get("name")
+    return getattr(policy, "name", None)
 
 
 def system_names() -> List[str]:

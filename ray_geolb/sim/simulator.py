@@ -16,18 +16,35 @@ What is simulated
   measured and delivered to its LB(s) ``stats_lag_s`` + one-way network delay later as a
   :class:`~ray_geolb.policy.availability.ReplicaStats` whose ``timestamp`` is the measurement time.
 * **Load balancers**: each LB is a :class:`~ray_geolb.policy.region.router.RegionRouter` around a local
-  policy built by :func:`~ray_geolb.policy.factory.build_policy`. Each LB has a strict FCFS queue: the
-  head is decided (local / forward / hold / reject); on *hold* nothing behind it may overtake. The
-  queue is retried whenever something changes at that LB (arrival, stats delivery, completion seen
-  by the LB, heartbeat received). A central LB is a RegionRouter with ``max_hops=0`` whose local
-  policy sees every replica of every region.
-* **Heartbeats** between per-region LBs every ``heartbeat_s``, delivered after the one-way delay,
-  carrying (available replicas, LB queue length, send time, RTT) and the router's ``extra``
-  (queued prompt tokens at the LB, replica count, its learned t_p). Each heartbeat also carries an
-  **RTT probe**: the reply returns one RTT later and the sender calls ``RegionRouter.observe_rtt``
-  with the measured sample (the router's one RTT estimate, an EWMA the 'cost' selector reads).
-* **Feedback to the policies**: before deciding its head request an LB calls
-  ``router.set_queue(0, 0.0)`` (FCFS: nothing is queued ahead of the head); on completion
+  policy built by :func:`~ray_geolb.policy.factory.build_policy`. A central LB is a RegionRouter with
+  ``max_hops=0`` whose local policy sees every replica of every region; it keeps a strict FCFS queue:
+  the head is decided (local / forward / hold / reject), on *hold* nothing behind it may overtake.
+* **Per-region and region-local LBs run the Serve ingress's rules**, from the same settings object
+  (``DeploymentSpec.settings``, :class:`~ray_geolb.policy.region.config.RegionLayerSettings`; the Serve
+  side: ``serve/ingress/admission.py`` and ``request_path.py``): FCFS for *local* capacity only -- a
+  newcomer is decided at once with every waiting request counted ahead of it, and a forward (or a
+  reject) goes straight on; at each new peer table every waiting request behind the head is decided
+  again with the requests still ahead of it (``forward_past_queue``), so the 'cost' selector's slot
+  wait sees the real number ahead. A request that must wait when ``max_queue`` already wait, or that
+  waited ``max_wait_s``, is refused (the ingress's 429 / 503 with Retry-After; counters
+  ``lb_queue_full`` / ``lb_wait_timeout``): the refusal goes back to the client, which sends the same
+  request again ``retry_after_s`` later (its TTFT and latency count from the first send). After each
+  forward the LB counts one request in the peer's queue until the next peer table (``note_forwards``:
+  ``RegionRouter.note_forward``). The head of any queue is decided again whenever something changes
+  at that LB (arrival, stats delivery, completion seen by the LB, peer table received).
+* **Heartbeats through the registry** (Serve's ``RegistryClient``): every ``heartbeat_period_s`` each
+  per-region LB sends (available replicas, LB queue length, its measured RTTs, and the router's
+  ``extra``: queued prompt tokens, replica count, in-flight requests, t_p) to one
+  :class:`~ray_geolb.serve.registry.RegistryState` in ``DeploymentSpec.registry_region()``, one
+  one-way delay away; the registry answers with the peer table, which arrives one one-way delay later
+  and becomes the router's ``PeerState``s (``peer_states_from_table``: ages as the registry saw them;
+  ``rtt_s`` = what this region measured to the peer, else the peer's measurement). The next tick is
+  one period after the last one began, or at the answer if that is later.
+* **RTT probes** (Serve's ``PeerMesh._probe_loop``): each LB pings its peers one after another (a
+  reply comes back one RTT later and goes to ``RegionRouter.observe_rtt``, the router's one RTT
+  estimate, an EWMA the 'cost' selector reads), then pauses ``rtt_probe_period_s``.
+* **Feedback to the policies**: before each decision an LB calls ``router.set_queue(ahead, tokens)``
+  with what waits before the request (nothing for the head); on completion
   the serving LB calls ``policy.on_complete(..., ttft_s=...)`` with the TTFT *as the LB sees it*
   (first token at the replica + replica->LB delay - dispatch time), so the online t_p regression
   learns, and ``router.on_local_complete(now)`` (the 'cost' selector's local drain rate). A central
@@ -48,6 +65,18 @@ No new program starts at or after ``duration_s`` (nor after ``max_programs`` pro
 done); with ``drain=True`` the requests in flight are completed. Only requests whose response
 reached the client are counted (throughput, latencies); ``in_flight_at_end`` counts the rest, so
 ``requests_sent == requests_completed + requests_rejected + in_flight_at_end``.
+
+What the Serve ingress does that is not simulated
+-------------------------------------------------
+The per-region LBs run the Serve ingress's region layer (``DeploymentSpec.settings``), and
+:meth:`Simulator.region_layer_config` reports it in the ingress's terms so a test can compare both
+sides field by field (``tests/sim/test_simulator_runs_the_serve_region_layer_config.py``). What is
+left out, and why, is :data:`SERVE_NOT_SIMULATED` (``IngressConfig`` fields and behaviours). In short:
+HTTP details (model name, max_tokens defaults), operator access, failures (forward timeouts, unreachable
+peers, registry timeouts and restarts, the snapshot mirror), the 20 ms poll of the queue's head (the
+simulator re-decides it at every event that changes what the decision reads), the GeoPrefixRouter's
+own held queue (the simulated LB picks the replica in the same step as the region decision) and more
+than one ingress replica per region.
 
 A request too long for the engine (``prompt + output > max_model_len``, more KV blocks than the
 cache, or, on an SGLang engine, a prompt plus its output reservation larger than the cache:
@@ -73,17 +102,57 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
-from ray_geolb.policy.region.router import PeerState, RegionRouter
+from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
+from ray_geolb.serve.registry import RegistryState
+from ray_geolb.serve.registry_client import peer_states_from_table
 
 from .deploy import DeploymentSpec
 from .observe import IdealPrefixCache, LoadSampler
 
-__all__ = ["SimConfig", "Simulator", "SimResult", "simulate"]
+__all__ = ["SERVE_NOT_SIMULATED", "SimConfig", "Simulator", "SimResult", "simulate"]
+
+#: What the Serve ingress has that the simulated region layer does not model, and why: each
+#: ``IngressConfig`` field (``registry.<field>`` for its ``RegistryOptions``) that
+#: ``Simulator.region_layer_config`` does not report, then behaviours that are no config field. The
+#: comparison test requires every ``IngressConfig`` field to be either compared or named here.
+SERVE_NOT_SIMULATED: Dict[str, str] = {
+    "model_name": "the OpenAI model name clients address; a simulated request names no model",
+    "poll_s": "how often Serve re-decides the head of its queue (20 ms); the simulator re-decides it at every "
+              "event that changes what the decision reads (arrival, replica report, completion, peer table)",
+    "registry.name": "the registry actor's name; the simulated registry is one object",
+    "registry.namespace": "the registry actor's namespace; the simulated registry is one object",
+    "registry.timeout_s": "registry calls never fail or time out in the simulator (no failures are modelled)",
+    "snapshot_period_s": "the regional snapshot is mirrored to the registry only so that a restarted ingress can "
+                         "reload it; simulated LBs never restart",
+    "default_max_tokens": "an HTTP request default; a simulated request carries its workload's own max_tokens",
+    "max_tokens_limit": "HTTP request validation; simulated workloads are valid by construction",
+    "forward_timeout_s": "forwards never fail in the simulator (no failures: no timeouts, no unreachable peer, "
+                         "no re-decision after a failed forward)",
+    "debug": "operator access to the state endpoint and per-request figures",
+    "admin_token": "operator access to the state endpoint and per-request figures",
+    "admin_token_env": "operator access to the state endpoint and per-request figures",
+    # behaviours that are no IngressConfig field
+    "GeoPrefixRouter queue (router_kwargs queue_bound / wait_limit_s)":
+        "Serve's ingress sends a request 'local' when the router reports a free slot and the router then "
+        "places it; a report that went stale in between parks it in the router's own queue. The simulated LB "
+        "picks the replica in the same step as the region decision, so nothing waits there; its one queue is "
+        "the ingress's admission queue",
+    "x-geolb-max-wait-s header": "a client's own, shorter wait limit; no simulated client sends one",
+    "RTT probe warm-up call": "Serve's first call to a peer sets up its handle and is not measured; the "
+                              "simulator has no handles",
+    "ingress_replicas > 1": "several ingress replicas per region share each report's headroom; the simulator "
+                            "runs one LB per region, as build_region_apps does by default",
+    "registry call latency in the one-machine demo": "the demo injects inter-region latency around forwards and "
+                                                     "probes only; the simulator charges each heartbeat leg the "
+                                                     "one-way delay to the registry's region, as a real multi-region "
+                                                     "deployment pays it",
+}
 
 # event kinds
 _LB_ARRIVE, _REP_ARRIVE, _STEP_END, _STEP_WAKE, _LB_DONE, _CLIENT_DONE = 0, 1, 2, 3, 4, 5
-_STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _HB_DELIVER, _PROG_START, _OPEN_ARRIVAL, _SAMPLE, _PING_REPLY = (
+_STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _REG_ARRIVE, _PROG_START, _OPEN_ARRIVAL, _SAMPLE, _PING_REPLY = (
     6, 7, 8, 9, 10, 11, 12, 13)
+_REG_REPLY, _RTT_PROBE, _LB_TIMEOUT, _RETRY = 14, 15, 16, 17
 
 _BLOCK_CACHE_MAX = 4096
 
@@ -124,15 +193,17 @@ def _prompt_tokens(req: "_Req") -> int:
 
 
 class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy")
+    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "ingress")
 
-    def __init__(self, name, region, router):
+    def __init__(self, name, region, router, ingress=False):
         self.name = name
         self.region = region
         self.router: RegionRouter = router
         self.policy = router.local
         self.queue: HoldQueue = HoldQueue(_prompt_tokens)  # FCFS, by request id, with the prompt-token sum
         self.peers: List["_LB"] = []
+        #: deployed as the Serve ingress (DeploymentSpec.settings: queue rules, bounds); False: a central LB
+        self.ingress = ingress
 
 
 class _Run:
@@ -278,17 +349,26 @@ class Simulator:
             for region in dep.lb_regions():
                 router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(by_region[region]),
                                       clock=self._clock)
-                lb = self.lbs[region] = _LB(region, region, router)
+                lb = self.lbs[region] = _LB(region, region, router, ingress=True)
                 for rid in by_region[region]:
                     self.replicas[rid].lbs.append(lb)
             for lb in self.lbs.values():
                 lb.peers = [p for p in self.lbs.values() if p is not lb]
         self._forwarding = dep.lb_kind == "per-region" and len(self.lbs) > 1 and \
             tl.get("max_hops", 1) >= 1
+        self.settings = dep.settings
+        self.registry: Optional[RegistryState] = None
+        if self._forwarding:
+            # the registry every LB heartbeats through (serve/registry.py's state, on the virtual clock)
+            self.registry = RegistryState(clock=self._clock)
+            self.registry_region = dep.registry_region()
+            for lb in self.lbs.values():  # known but unheard: unavailable until a heartbeat says otherwise
+                for p in lb.peers:
+                    lb.router.update_peer(PeerState(p.region, 0, 0, float("-inf")))
         # counters
         self.c = {"requests_sent": 0, "requests_completed": 0, "requests_rejected": 0, "programs_started": 0,
                   "programs_completed": 0, "forwards": 0, "lb_holds": 0, "engine_steps": 0, "stats_reports": 0,
-                  "heartbeats": 0}
+                  "heartbeats": 0, "lb_queue_full": 0, "lb_wait_timeout": 0}
         self.decisions: Dict[str, int] = {}
         self.records: List[tuple] = []
         self.samples = {"t": [], "outstanding_cv": [], "outstanding_max_min": [], "outstanding_spread": [],
@@ -301,6 +381,36 @@ class Simulator:
         self._reqs: Dict[str, _Req] = {}
         self.ideal = IdealPrefixCache(self._block_tokens)
         self.load = LoadSampler()
+
+    def region_layer_config(self, region: str) -> Dict[str, Any]:
+        """What the LB of ``region`` runs, in the Serve ingress's terms (``IngressConfig`` field names; None
+        where the LB has no such part, e.g. no registry without forwarding): read from the objects this
+        simulator built -- the router's ``TwoLayerConfig``, the registry, the settings its code reads --
+        not from the deployment's defaults. What it leaves out: :data:`SERVE_NOT_SIMULATED`."""
+        lb = self.lbs[region]
+        st = self.settings
+        reg = self.registry
+        net = self.net
+        regions = [region] + [p.region for p in lb.peers]
+        return {
+            "region": lb.region,
+            "peers": sorted(p.region for p in lb.peers) if self._forwarding else [],
+            "policy": lb.policy.config.name,
+            "two_layer": lb.router.config,
+            "local_availability": "router",  # the local policy's own availability (SP-P), as GeoPrefixRouter's
+            "max_queue": st.max_queue if lb.ingress else None,
+            "max_wait_s": st.max_wait_s if lb.ingress else None,
+            "retry_after_s": st.retry_after_s if lb.ingress else None,
+            "registry.period_s": st.heartbeat_period_s if reg is not None else None,
+            "registry.config": None if reg is None else {
+                "max_regions": reg.max_regions, "max_sources_per_region": reg.max_sources, "fresh_s": reg.fresh_s,
+                "drop_after_s": reg.drop_after_s, "max_snapshot_nodes": reg.max_snapshot_nodes},
+            "rtt_probe_period_s": st.rtt_probe_period_s if self._forwarding else None,
+            "latency.rtt_ms": {(a, b): net.rtt_ms(a, b) for a in regions for b in regions if a < b},
+            "note_forwards": st.note_forwards if self._forwarding else None,
+            "forward_past_queue": st.forward_past_queue if lb.ingress else None,
+            "stats_period_s": self.dep.stats_period_s,
+        }
 
     def _central_rtt_fn(self, lb_region: str):
         """GORGO-proxy's network term: the RTT a request pays on its way client -> proxy -> replica.
@@ -329,8 +439,10 @@ class Simulator:
         for rep in self.replicas.values():
             self._push(rng.random() * dep.stats_period_s, _STATS_MEASURE, rep)
         if self._forwarding:
+            st = self.settings
             for lb in self.lbs.values():
-                self._push(rng.random() * dep.heartbeat_s, _HEARTBEAT, lb)
+                self._push(rng.random() * st.heartbeat_period_s, _HEARTBEAT, lb)
+                self._push(rng.random() * st.rtt_probe_period_s, _RTT_PROBE, lb, 0)
         self._push(cfg.sample_period_s, _SAMPLE)
         wl = self.workload
         if wl.closed is not None:
@@ -352,8 +464,9 @@ class Simulator:
         heap = self._heap
         handlers = (self._on_lb_arrive, self._on_rep_arrive, self._on_step_end, self._on_step_wake,
                     self._on_lb_done, self._on_client_done, self._on_stats_measure, self._on_stats_deliver,
-                    self._on_heartbeat, self._on_hb_deliver, self._on_prog_start, self._on_open_arrival,
-                    self._on_sample, self._on_ping_reply)
+                    self._on_heartbeat, self._on_reg_arrive, self._on_prog_start, self._on_open_arrival,
+                    self._on_sample, self._on_ping_reply, self._on_reg_reply, self._on_rtt_probe, self._on_lb_timeout,
+                    self._on_retry)
         drain = cfg.drain
         last = 0.0
         progress = self.progress
@@ -482,10 +595,21 @@ class Simulator:
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
         req.ideal_hit = self.ideal.observe(ntok, hashes)
         self._inflight += 1
+        self._to_lb(req)
+
+    def _to_lb(self, req: _Req):
+        """The client sends ``req`` to the LB of its region (else the nearest)."""
+        region = req.region
         lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
         d = self._ow(region, lb.region)
         req.path = d
         self._push(self.now + d, _LB_ARRIVE, lb, req)
+
+    def _on_retry(self, req: _Req, b):
+        """A refused request's client sends it again (its latency still counts from the first send)."""
+        req.rreq.hops = 0
+        req.cross = False
+        self._to_lb(req)
 
     def _call_done(self, run: _Run, ci: int):
         run.n_left -= 1
@@ -510,67 +634,151 @@ class Simulator:
         self.decisions[key] = self.decisions.get(key, 0) + 1
 
     def _on_lb_arrive(self, lb: _LB, req: _Req):
+        """A request reaches an LB. The Serve ingress's rules (``lb.ingress``; ``AdmissionQueue.admit``):
+        a newcomer is decided at once with every waiting request ahead of it; a forward (or a reject)
+        goes straight on, a local decision only if nobody waits, otherwise it waits (429 when
+        ``max_queue`` already wait). Without ``forward_past_queue`` (and on a central LB) the queue is
+        strictly FCFS: a newcomer behind waiting requests waits without a decision."""
         req.t_lb = self.now
-        lb.queue.append(req.rid, req)
-        self._pump(lb)
+        q = lb.queue
+        if not lb.ingress:  # a central LB: strict FCFS, unbounded
+            q.append(req.rid, req)
+            self._pump(lb)
+            return
+        if q and not self.settings.forward_past_queue:
+            self._enqueue(lb, req, "queued behind earlier requests")
+            self._pump(lb)
+            return
+        self._pump(lb)  # the head first (Serve re-decides it every poll_s)
+        d = self._decide(lb, req, len(q), q.tokens)
+        if d.kind == "hold" or (d.kind == "local" and q):
+            self._enqueue(lb, req, d.reason if d.kind == "hold" else "queued behind earlier requests")
+        else:
+            self._apply(lb, req, d)
 
-    def _pump(self, lb: _LB):
+    def _decide(self, lb: _LB, req: _Req, ahead: int, ahead_tokens: int) -> RegionDecision:
+        """The region layer's decision for ``req`` with ``ahead`` requests (``ahead_tokens`` prompt tokens)
+        waiting before it at this LB -- the cost selector's ``Q_lb`` and the slot wait's ``ahead``."""
+        router = lb.router
+        router.set_queue(ahead, float(ahead_tokens))
+        return router.decide(req.rreq, self.now)
+
+    def _enqueue(self, lb: _LB, req: _Req, reason: str):
+        """``req`` waits at ``lb`` (FCFS); refused if the Serve ingress's bound is reached (its 429)."""
+        q = lb.queue
+        if lb.ingress and len(q) >= self.settings.max_queue:
+            self._refuse(req, "queue_full")
+            return
+        q.append(req.rid, req)
+        if self.trace is not None:
+            self.trace("hold", {"lb": lb.name, "req": req.rid, "t": self.now, "reason": reason})
+        if not req.held:
+            req.held = True
+            self.c["lb_holds"] += 1
+        if lb.ingress:  # the ingress's wait limit (its 503)
+            self._push(self.now + self.settings.max_wait_s, _LB_TIMEOUT, lb, (req, req.t_lb))
+
+    def _refuse(self, req: _Req, reason: str):
+        """The ingress refuses ``req`` with a Retry-After (429 ``queue_full``, 503 ``wait_timeout``): the
+        refusal travels back to the client, which sends the request again ``retry_after_s`` later. Not a
+        rejection: the request stays in flight until served or cut off (counters ``lb_<reason>``)."""
+        self.c[f"lb_{reason}"] += 1
+        self._count(f"refused:{reason}")
+        self._push(self.now + req.path + self.settings.retry_after_s, _RETRY, req)
+
+    def _reject(self, req: _Req, reason: str):
+        """``req`` is refused (reject decision, full queue, wait limit): its program goes on as if answered."""
+        self.c["requests_rejected"] += 1
+        self._count(f"reject:{reason}")
+        self._inflight -= 1
+        self._call_done(req.run, req.ci)
+
+    def _pump(self, lb: _LB, everyone: bool = False):
+        """Decide the head of ``lb``'s queue (nothing ahead of it) until one holds. ``everyone`` (a new
+        peer table: Serve's ``kick_all``): then the other waiting requests too, each with the requests
+        still ahead of it, which may be forwarded or rejected but not take a local replica."""
         q = lb.queue
         if not q:
             return
-        router = lb.router
-        now = self.now
-        trace = self.trace
         while q:
             rid, req = q.head()
-            # FCFS: what is queued at this LB *ahead of* the head request -- nothing (the cost
-            # selector's Q_lb and the slot wait's 'ahead')
-            ahead, ahead_tokens = q.ahead(rid)
-            router.set_queue(ahead, float(ahead_tokens))
-            d = router.decide(req.rreq, now)
-            kind = d.kind
-            if kind == "hold":
-                if trace is not None:
-                    trace("hold", {"lb": lb.name, "req": req.rid, "t": now, "reason": d.reason})
+            d = self._decide(lb, req, 0, 0)
+            if d.kind == "hold":
+                if self.trace is not None:
+                    self.trace("hold", {"lb": lb.name, "req": req.rid, "t": self.now, "reason": d.reason})
                 if not req.held:
                     req.held = True
                     self.c["lb_holds"] += 1
                 break
             q.pop_head()
-            req.lb_wait += now - req.t_lb
-            if kind == "local":
-                rep = self.replicas[d.target]
-                if trace is not None:
-                    trace("local", {"lb": lb.name, "req": req.rid, "t": now, "target": d.target,
-                                    "policy": lb.policy, "hops": req.rreq.hops})
-                router.on_dispatch(req.rreq, d.target, now)
-                self._count(f"local:{d.reason or 'local'}")
-                req.serve_lb = lb
-                req.replica = rep
-                req.t_disp = now
-                delay = self._ow(lb.region, rep.region)
-                req.path += delay
-                if rep.region != req.region:
-                    req.cross = True
-                self._push(now + delay, _REP_ARRIVE, rep, req)
-            elif kind == "forward":
-                peer = self.lbs[d.target]
-                if trace is not None:
-                    trace("forward", {"lb": lb.name, "req": req.rid, "t": now, "target": d.target,
-                                      "local_available": len(lb.policy.tracker.available)})
-                router.on_forward(req.rreq, d.target, now)
-                self.c["forwards"] += 1
-                self._count(f"forward:{d.reason}")
-                req.rreq.hops += 1
+            self._apply(lb, req, d)
+        if everyone and len(q) > 1 and lb.ingress and self.settings.forward_past_queue and \
+                lb.router.available_peers(self.now):
+            # (no peer available: nothing behind the head can change from hold to forward)
+            ahead = ahead_tokens = 0
+            for i, (rid, req) in enumerate(list(q.items())):
+                if i > 0:
+                    d = self._decide(lb, req, ahead, ahead_tokens)
+                    if d.kind == "forward" or d.kind == "reject":
+                        q.remove(rid)
+                        self._apply(lb, req, d)
+                        continue
+                ahead += 1
+                ahead_tokens += req.prompt
+
+    def _apply(self, lb: _LB, req: _Req, d: RegionDecision):
+        """Carry out a local / forward / reject decision for ``req`` (no longer in ``lb``'s queue)."""
+        now = self.now
+        router = lb.router
+        trace = self.trace
+        kind = d.kind
+        req.lb_wait += now - req.t_lb
+        if kind == "local":
+            rep = self.replicas[d.target]
+            if trace is not None:
+                trace("local", {"lb": lb.name, "req": req.rid, "t": now, "target": d.target,
+                                "policy": lb.policy, "hops": req.rreq.hops})
+            router.on_dispatch(req.rreq, d.target, now)
+            self._count(f"local:{d.reason or 'local'}")
+            req.serve_lb = lb
+            req.replica = rep
+            req.t_disp = now
+            delay = self._ow(lb.region, rep.region)
+            req.path += delay
+            if rep.region != req.region:
                 req.cross = True
-                delay = self._ow(lb.region, peer.region)
-                req.path += delay
-                self._push(now + delay, _LB_ARRIVE, peer, req)
-            else:  # reject
-                self.c["requests_rejected"] += 1
-                self._count(f"reject:{d.reason}")
-                self._inflight -= 1
-                self._call_done(req.run, req.ci)
+            self._push(now + delay, _REP_ARRIVE, rep, req)
+        elif kind == "forward":
+            peer = self.lbs[d.target]
+            if trace is not None:
+                trace("forward", {"lb": lb.name, "req": req.rid, "t": now, "target": d.target,
+                                  "local_available": len(lb.policy.tracker.available),
+                                  "ahead": router.queue_len, "queued": len(lb.queue)})
+            router.on_forward(req.rreq, d.target, now)
+            if self.settings.note_forwards:  # one more in the peer's queue until its next heartbeat
+                router.note_forward(d.target)
+            self.c["forwards"] += 1
+            self._count(f"forward:{d.reason}")
+            req.rreq.hops += 1
+            req.cross = True
+            delay = self._ow(lb.region, peer.region)
+            req.path += delay
+            self._push(now + delay, _LB_ARRIVE, peer, req)
+        else:  # reject
+            self._reject(req, d.reason)
+
+    def _on_lb_timeout(self, lb: _LB, item):
+        """The ingress's wait limit: a request still waiting here ``max_wait_s`` after it arrived is refused."""
+        req, t_lb = item
+        q = lb.queue
+        if req.rid not in q or q[req.rid] is not req or req.t_lb != t_lb:
+            return  # it left the queue (served, forwarded, refused)
+        was_head = q.is_head(req.rid)
+        q.remove(req.rid)
+        req.lb_wait += self.now - req.t_lb
+        self._refuse(req, "wait_timeout")
+        if was_head:
+            self._pump(lb)
 
     def _on_lb_done(self, lb: _LB, req: _Req):
         # TTFT as this LB sees it: the first token reaches it one replica->LB delay after the engine
@@ -603,25 +811,55 @@ class Simulator:
         self._pump(lb)
 
     def _on_heartbeat(self, lb: _LB, b):
+        """One tick of the LB's registry link (Serve: ``RegistryClient.tick``): its heartbeat -- the
+        figures ``RequestPath.local_report`` sends, and its measured RTTs -- travels to the registry,
+        which applies it and answers with the peer table; the next tick is one period after this one
+        began, or when the answer arrives if that is later."""
         now = self.now
         self.c["heartbeats"] += 1
         ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queue.tokens))
-        for peer in lb.peers:
-            d = self._ow(lb.region, peer.region)
-            self._push(now + d, _HB_DELIVER, peer,
-                       PeerState(ps.region, ps.available_replicas, ps.queue_len, ps.timestamp,
-                                 rtt_s=self.net.rtt_s(lb.region, peer.region), extra=dict(ps.extra)))
-            # RTT probe (a ping riding on the heartbeat): its reply comes back one RTT later
-            self._push(now + 2.0 * d, _PING_REPLY, lb, (peer.region, now))
-        self._push(now + self.dep.heartbeat_s, _HEARTBEAT, lb)
+        hb = {"region": lb.region, "source": lb.region, "available_replicas": ps.available_replicas,
+              "queue_len": ps.queue_len, "rtts": lb.router.measured_rtts()}
+        if ps.extra:
+            hb["extra"] = dict(ps.extra)
+        self._push(now + self._ow(lb.region, self.registry_region), _REG_ARRIVE, lb, (hb, now))
+
+    def _on_reg_arrive(self, lb: _LB, item):
+        hb, t0 = item
+        table = self.registry.heartbeat_batch([hb])
+        if "errors" in table:
+            raise RuntimeError(f"registry refused {lb.name}'s heartbeat: {table['errors']}")
+        self._push(self.now + self._ow(self.registry_region, lb.region), _REG_REPLY, lb, (table, t0))
+
+    def _on_reg_reply(self, lb: _LB, item):
+        """The peer table reaches the LB (Serve: ``PeerMesh._on_table``): every peer's state, its age as
+        the registry saw it, the RTT this region measured to it (else the peer's); then every waiting
+        request is decided again (``kick_all``)."""
+        table, t0 = item
+        now = self.now
+        router = lb.router
+        for ps in peer_states_from_table(table, now, lb.region):
+            if ps.region in router.peers:
+                router.update_peer(ps)
+        if self.trace is not None:
+            self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)
+                                                                    for r, p in router.peers.items()}})
+        self._pump(lb, everyone=True)
+        self._push(max(t0 + self.settings.heartbeat_period_s, now), _HEARTBEAT, lb)
+
+    def _on_rtt_probe(self, lb: _LB, idx: int):
+        """RTT probes (Serve: ``PeerMesh._probe_loop``): each peer pinged in turn, the sample fed to
+        ``RegionRouter.observe_rtt`` when the reply is back, then a pause of ``rtt_probe_period_s``."""
+        peer = lb.peers[idx]
+        self._push(self.now + 2.0 * self._ow(lb.region, peer.region), _PING_REPLY, lb, (peer.region, self.now, idx))
 
     def _on_ping_reply(self, lb: _LB, item):
-        region, sent = item
+        region, sent, idx = item
         lb.router.observe_rtt(region, self.now - sent)
-
-    def _on_hb_deliver(self, lb: _LB, ps: PeerState):
-        lb.router.update_peer(ps)
-        self._pump(lb)
+        if idx + 1 < len(lb.peers):
+            self._on_rtt_probe(lb, idx + 1)
+        else:
+            self._push(self.now + self.settings.rtt_probe_period_s, _RTT_PROBE, lb, 0)
 
     # ------------------------------------------------------------------ replicas
     def _on_rep_arrive(self, rep: _Replica, req: _Req):

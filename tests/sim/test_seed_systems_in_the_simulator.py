@@ -114,22 +114,28 @@ def _peer(router, region, now, rtt_s, **extra):
 
 
 def test_cost_selector_holds_when_local_wait_is_short_and_forwards_when_long_sim_measured_rtt():
+    import heapq
+
+    from ray_geolb.sim import simulator as simmod
+
     sim = _cost_router("geoprefix", TWO, {"home": 1, "far": 1})
-    # RTT as the simulator measures it: one heartbeat + its probe reply
+    # RTT as the simulator measures it: one registry heartbeat round and one probe round per LB
     sim.now = 0.0
-    sim._on_heartbeat(sim.lbs["home"], None)
-    sim._on_heartbeat(sim.lbs["far"], None)
+    for lb in sim.lbs.values():
+        sim._on_heartbeat(lb, None)
+        sim._on_rtt_probe(lb, 0)
+    handlers = {simmod._HEARTBEAT: sim._on_heartbeat, simmod._REG_ARRIVE: sim._on_reg_arrive,
+                simmod._REG_REPLY: sim._on_reg_reply, simmod._PING_REPLY: sim._on_ping_reply}
     while sim._heap:
         t, _, kind, a, b = sim._heap[0]
-        if t > 1.0:
+        if t > 0.9:
             break
-        import heapq
-
         heapq.heappop(sim._heap)
         sim.now = t
-        if kind in (9, 13):  # heartbeat delivery, ping reply
-            (sim._on_hb_deliver if kind == 9 else sim._on_ping_reply)(a, b)
+        if kind in handlers:
+            handlers[kind](a, b)
     router = sim.lbs["home"].router
+    assert router.peers["far"].rtt_s == pytest.approx(0.4)  # relayed by the registry: this region's measurement
     assert router.selector.rtt.get("far") == pytest.approx(0.4)
     now = 0.9
     text = "user: " + "question about the weather " * 40

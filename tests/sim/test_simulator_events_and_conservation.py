@@ -116,6 +116,10 @@ def test_sp_p_policy_sees_the_engine_reports_late_and_respects_them():
 
 
 def test_forwarding_only_when_local_region_has_no_available_replica():
+    """US must really overload (its replica reports waiting requests, so SP-P holds): an SGLang L4 engine,
+    which reserves KV for each request's output. (On the vLLM model one replica admits 256 sequences
+    and never reports waiting at this load; only the burst at t=0, before the first report, was
+    ever held -- forwarded or not depending on whether the first peer table beat the first report.)"""
     wl = tot(2, clients={"us": 30, "eu": 2, "asia": 2}, seed=0)
     forwards = []
 
@@ -123,15 +127,17 @@ def test_forwarding_only_when_local_region_has_no_available_replica():
         if kind == "forward":
             forwards.append(info["local_available"])
 
-    res = Simulator(wl, deployment_for("skylb", {"us": 1, "eu": 2, "asia": 2}), SimConfig(duration_s=20.0),
-                    trace=trace).run()
+    dep = deployment_for("skylb", {"us": 1, "eu": 2, "asia": 2}, profile="llama3.1-8b-l4-sglang")
+    res = Simulator(wl, dep, SimConfig(duration_s=20.0), trace=trace).run()
+    assert res.counters["lb_holds"] > 0, "precondition: the US LB must have held requests"
     assert forwards, "an overloaded US region must forward"
     assert all(n == 0 for n in forwards)
     m = summarize(res)
     assert m["counters"]["forwards"] == len(forwards)
     assert 0 < m["cross_region_share"] < 1
     # region-local never forwards
-    res_rl = simulate(wl, deployment_for("region-local", {"us": 1, "eu": 2, "asia": 2}), SimConfig(duration_s=20.0))
+    rl = deployment_for("region-local", {"us": 1, "eu": 2, "asia": 2}, profile="llama3.1-8b-l4-sglang")
+    res_rl = simulate(wl, rl, SimConfig(duration_s=20.0))
     assert res_rl.counters["forwards"] == 0
     assert summarize(res_rl)["cross_region_share"] == 0.0
 
