@@ -175,7 +175,7 @@ class ReplicaStats:
 
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
-                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted")
+                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
@@ -190,6 +190,7 @@ class _Target:
         self.credits = 0  # request slots granted by the report
         self.kv_budget: Optional[float] = None  # free KV tokens at the report (None: not reported)
         self.tokens_inflight = 0
+        self.free = 0  # request slots this router may still send here (see LoadTracker.free_slots)
 
 
 class LoadTracker:
@@ -233,6 +234,8 @@ class LoadTracker:
         self._t: Dict[Hashable, _Target] = {}
         self._out: Dict[Hashable, int] = {}  # target -> len(inflight), for C-level bulk reads
         self.available: Set[Hashable] = set()
+        #: sum of every target's free request slots (see :meth:`free_slots`), kept incrementally
+        self.free_total = 0
         self._req_target: Dict[Hashable, Hashable] = {}
 
     # ------------------------------------------------------------ membership
@@ -249,6 +252,7 @@ class LoadTracker:
         self._out.pop(target, None)
         self.available.discard(target)
         if st is not None:
+            self.free_total -= st.free
             for rid in st.inflight:
                 self._req_target.pop(rid, None)
 
@@ -396,22 +400,40 @@ class LoadTracker:
 
     # ------------------------------------------------------------ queries
     def _refresh(self, target: Hashable, st: _Target) -> None:
-        if self._is_available(st):
+        free = self._free(st)
+        self.free_total += free - st.free
+        st.free = free
+        if free > 0:
             self.available.add(target)
         else:
             self.available.discard(target)
 
-    def _is_available(self, st: _Target) -> bool:
+    def _free(self, st: _Target) -> int:
+        """Request slots this router may still send to the target: SP-P's ``credits + freed - unseen``,
+        capped by the KV budget in requests of ``request_tokens``; SP-O's ``max_outstanding -
+        outstanding``; BP's ``max_burst`` (always available). > 0 exactly when the target is available."""
         mode = self.mode
         if mode == "bp":
-            return True
+            return self.max_burst
         if mode == "sp-o":
-            return len(st.inflight) < self.max_outstanding
+            return max(0, self.max_outstanding - len(st.inflight))
         waiting = st.stats.num_waiting if st.stats is not None and not st.distrusted else 0
         freed = max(0, st.completed_seen - waiting)
-        if st.credits + freed - st.unseen <= 0:
-            return False
-        return st.kv_budget is None or st.kv_budget - st.unseen_tokens >= self.request_tokens
+        free = st.credits + freed - st.unseen
+        if free <= 0:
+            return 0
+        if st.kv_budget is not None:
+            free = min(free, int((st.kv_budget - st.unseen_tokens) // self.request_tokens))
+        return max(0, free)
+
+    def _is_available(self, st: _Target) -> bool:
+        return self._free(st) > 0
+
+    def free_slots(self) -> int:
+        """Requests this router may still send to its targets before any of them needs a newer report
+        (the sum of :meth:`_free` over the targets; O(1)). The Serve ingress admits that many requests
+        to its region's router at once, as the simulator's LB dispatches them one by one."""
+        return self.free_total
 
     def is_available(self, target: Hashable) -> bool:
         return target in self.available

@@ -177,6 +177,10 @@ class GeoPrefixRouter(RequestRouter):
     def num_available(self) -> int:
         return len(self.policy.tracker.available)
 
+    def free_slots(self) -> int:
+        """Requests the policy may still place before it needs newer reports (``LoadTracker.free_slots``)."""
+        return self.policy.tracker.free_slots()
+
     def queued_tokens(self) -> float:
         """Prompt tokens of the requests waiting in this router: held ones by their size, those Ray
         has not handed to ``choose_replicas`` yet at the policy's mean prompt length (the region

@@ -219,3 +219,46 @@ def test_malformed_reports_are_rejected_naming_the_field(bad, needle):
 def test_a_report_within_the_clock_skew_allowance_is_accepted():
     rs = ReplicaStats.from_dict({"num_waiting": 0, "timestamp": 1001.5}, now=1000.0)
     assert rs.timestamp == 1001.5
+
+
+@pytest.mark.parametrize("mode", ["sp-p", "sp-o", "bp"])
+def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
+    """free_slots() (what the Serve ingress admits to its router at once) is, after any sequence of
+    reports, dispatches, completions and removals, exactly the requests the tracker would still
+    accept one by one -- and a target is available exactly when it has a free slot."""
+    import random
+
+    rng = random.Random(7)
+    t = LoadTracker(mode, max_outstanding=3, max_burst=6, request_tokens=100)
+    targets = ["a", "b", "c"]
+    t.set_targets(targets)
+    live, n = [], 0
+    for step in range(600):
+        op = rng.random()
+        now = step * 0.01
+        if op < 0.25:
+            kv = rng.choice([None, 0.5, 0.99])
+            t.on_stats(rng.choice(targets), stats(waiting=rng.choice([0, 0, 1]), running=rng.randint(0, 8), ts=now,
+                                                  max_num_seqs=8, kv_cache_usage=kv,
+                                                  num_gpu_blocks=None if kv is None else 40,
+                                                  block_tokens=None if kv is None else 16))
+        elif op < 0.6 and t.available:
+            tgt = rng.choice(sorted(t.available))
+            t.on_dispatch(tgt, n, now, tokens=rng.choice([0, 50, 300]))
+            live.append(n)
+            n += 1
+        elif op < 0.9 and live:
+            t.on_complete(live.pop(rng.randrange(len(live))), now=now)
+        elif op < 0.93:
+            gone = rng.choice(targets)
+            t.remove_target(gone)
+            t.add_target(gone)
+        per = {x: t._free(t._t[x]) for x in targets}
+        assert t.free_slots() == sum(per.values())
+        assert t.available == {x for x, f in per.items() if f > 0}
+    # the count is what a router can really send: dispatch until nothing is available
+    before, sent = t.free_slots(), 0
+    while t.available and sent < 1000:
+        t.on_dispatch(sorted(t.available)[0], f"x{sent}", 10.0)
+        sent += 1
+    assert mode == "bp" or sent == before

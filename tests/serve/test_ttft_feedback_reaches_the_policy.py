@@ -170,7 +170,8 @@ def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote
 
     cfg = IngressConfig(region="us", peers={"eu": "geolb-eu", "asia": "geolb-asia"}, registry=None,
                         two_layer={"remote": remote, "cost": dict(GEOPREFIX_COST)})
-    fake = SimpleNamespace(policy=policy, num_available=lambda: available, queue_len=lambda: router_queue,
+    fake = SimpleNamespace(policy=policy, num_available=lambda: available, free_slots=lambda: available,
+                           queue_len=lambda: router_queue,
                            queued_tokens=lambda: router_tokens, decision=lambda rid: None)
     return RequestPath(cfg, geo_router=lambda: fake)  # not started: no registry link, no RTT probes
 

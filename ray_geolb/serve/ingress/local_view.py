@@ -72,14 +72,26 @@ class LocalView:
 
     # ------------------------------------------------------------ availability and the router's queue
     def local_available(self) -> int:
-        """Available local replicas, minus requests sent locally that the router has not placed yet."""
+        """Available local replicas (what the heartbeat reports to peers), minus requests sent
+        locally that the router has not placed yet."""
+        return self._minus_unplaced(lambda r: r.num_available())
+
+    def local_slots(self) -> int:
+        """Requests the router may still place on its replicas (SP-P's free slots, over all of them:
+        ``LoadTracker.free_slots``), minus those sent locally that it has not placed yet. Layer 1
+        sends a request to the local layer while this is > 0 -- as the simulator's LB dispatches to
+        the policy while a replica has a free slot -- instead of while a replica is available: with
+        2 replicas that capped the requests between the ingress and the router at 2."""
+        return self._minus_unplaced(lambda r: r.free_slots())
+
+    def _minus_unplaced(self, count) -> int:
         if self.availability == "always":
             return 1
         r = self.geo_router()
         if r is None:
             return 1  # the router is created lazily on the first request: assume available
         try:
-            n = r.num_available()
+            n = count(r)  # an int read from the router's thread: no lock, no cross-thread call
             if self.unrouted:
                 n -= sum(1 for rid in self.unrouted if r.decision(rid) is None)
             return max(0, n)
@@ -164,7 +176,7 @@ class LocalView:
         return p.queued_tokens(target) if p is not None else None
 
     def choose(self, req, now, candidates=None):
-        n = self.local_available()
+        n = self.local_slots()
         return Decision("local", 0, "local_available") if n > 0 else None
 
     def on_dispatch(self, req, target, now):
@@ -201,7 +213,7 @@ class TrackerView:
 
     @property
     def available(self):
-        return range(self._view.local_available())
+        return range(self._view.local_slots())
 
     def stats(self, target):
         t = self._tracker()
