@@ -1,30 +1,30 @@
-"""One region through HTTP: requests/s with 1 and 2 ingress replicas, and slots granted twice.
+"""One region through HTTP: GeoPrefixRouter vs Ray's power-of-two, 1 vs 2 ingress replicas, double grants.
 
-    python benchmarks/bench_ingress.py [--requests 600] [--concurrency 32] [--rounds 2]
-                                       [--configs geo-1,geo-2,geo-2-noshare] [--max-num-seqs 8]
+    python benchmarks/bench_ingress.py [--requests 600] [--concurrency 1,8,32] [--rounds 2]
+        [--configs geo-1,pow2-1,geo-2] [--grant-configs geo-1,geo-2,geo-2-noshare,pow2-2] [--profile geo-1]
 
 One local Ray node labelled as region ``us`` runs the region app that ``build_region_apps`` builds
-(``RegionIngress`` in front of Ray Serve LLM's ``LLMServer`` with the emulated engine, routed by
-GeoPrefixRouter), with 2 model replicas that answer almost at once (engine time x 0.001, 1 output
-token) and no registry (one region: nothing to forward to). For each configuration, rounds
-interleaved in one Ray session (so the machine's noise hits every configuration alike), it sends
-``--requests`` chat requests at ``--concurrency`` to ``/us/v1/chat/completions`` and prints:
+(``RegionIngress`` in front of Ray Serve LLM's ``LLMServer`` with the emulated engine), with 2 model
+replicas that answer almost at once (engine time x 0.001, 1 output token, ``max_num_seqs`` 256) and
+no registry (one region: nothing to forward to). Each configuration is deployed once per round,
+configurations interleaved in one Ray session (the machine's noise hits all of them alike); it sends
+``--requests`` chat requests to ``/us/v1/chat/completions`` at each concurrency and prints:
 
-* requests/s, p50 / p99 latency, errors;
+* requests/s, p50 / p99 latency, errors, and per round the ratios geo-N / pow2-N (same ingress,
+  Ray's default router) and geo-2 / geo-1 (a second ingress replica);
+* CPU milliseconds per request of the ingress replicas, the HTTP proxy and the model replicas (psutil);
 * **over-capacity arrivals**: requests that reached an engine while all of its ``max_num_seqs``
-  sequence slots were taken -- a slot SP-P granted that the engine did not have. Fast engines are
-  never full, so after the throughput rounds a **double-grant check** runs each configuration once
-  more with engines that are the bottleneck (time scale ``--grant-time-scale`` 1.0, 128 output tokens;
-  ``pow2-2``, Ray's power-of-two without SP-P, is the control that over-fills engines). Each router of N
-  ingress replicas takes 1/N of every report's headroom (``headroom_share="auto"``), so this must be
-  0; ``geo-2-noshare`` (``headroom_share="none"``: each router grants the whole headroom) shows what
-  double grants look like, so the counter is known to see them;
-* CPU seconds per request of the ingress replicas, the HTTP proxy and the model replicas (psutil).
+  sequence slots were taken -- a slot granted that the engine did not have. Fast engines are never
+  full, so a **double-grant check** then runs ``--grant-configs`` with engines that are the
+  bottleneck (time scale 1.0, ``max_num_seqs`` 8, 128 output tokens, concurrency 32 > 16 slots). Each
+  router of N ingress replicas takes 1/N of every report's headroom (``headroom_share="auto"``), so
+  geo-N must show 0; ``geo-2-noshare`` (``headroom_share="none"``) and ``pow2-2`` (no SP-P) are the
+  controls that do over-fill engines, so the counter is known to see a double grant;
+* with ``--profile geo-1``: a py-spy profile of that configuration's ingress replica under load at
+  concurrency 32 (top frames by own time, and ray_geolb's frames by total time).
 
-Configurations: ``<router>-<ingress replicas>[-noshare]``, router ``geo`` (GeoPrefixRouter, its
-defaults) or ``pow2`` (Ray's default power-of-two in the same ingress). ``--max-num-seqs`` (default
-8) is small on purpose: at concurrency 32 two replicas' 16 slots are over-subscribed, so SP-P has to
-hold requests and a double grant would show. Every non-default knob is printed with the results.
+Configurations: ``<router>-<ingress replicas>[-noshare]``, router ``geo`` (GeoPrefixRouter with its
+defaults) or ``pow2`` (Ray's default power-of-two router in the same region ingress).
 """
 
 from __future__ import annotations
@@ -55,9 +55,9 @@ def build(cfg: dict, args, slow: bool) -> list:
 
     router_kwargs = None if cfg["share"] else {"headroom_share": "none"}
     scale, tokens = (args.grant_time_scale, args.grant_output_tokens) if slow else (0.001, 1)
+    seqs = args.grant_max_num_seqs if slow else args.max_num_seqs
     return build_region_apps({REGION: args.replicas}, router=cfg["router"], registry=False, latency={"scale": 0},
-                             time_scale=scale, output_tokens=tokens,
-                             engine_overrides={"max_num_seqs": args.max_num_seqs},
+                             time_scale=scale, output_tokens=tokens, engine_overrides={"max_num_seqs": seqs},
                              ingress_replicas=cfg["ingress_replicas"], router_kwargs=router_kwargs,
                              app_prefix="bench-")
 
@@ -103,6 +103,21 @@ async def load(client, url: str, n: int, concurrency: int, tag: str, max_tokens:
     return {"ok": len(lat), "errors": errors, "wall_s": wall, "rps": len(lat) / wall,
             "p50_ms": 1000 * percentile(lat, 50) if lat else float("nan"),
             "p99_ms": 1000 * percentile(lat, 99) if lat else float("nan")}
+
+
+async def ingress_counters(app_name: str) -> dict:
+    """What one ingress replica held and decided (its state payload's counters), and its router's."""
+    from ray import serve
+
+    from ray_geolb.serve.ingress import INGRESS_DEPLOYMENT
+
+    st = await serve.get_deployment_handle(INGRESS_DEPLOYMENT, app_name).state.remote()
+    c = st["counters"]
+    out = {k: c[k] for k in ("requests", "local", "held", "queue_full", "wait_timeout", "decide_errors") if c.get(k)}
+    out.update({f"decision {k}": v for k, v in st.get("decisions", {}).items()})
+    router = st.get("router") or {}
+    out.update({f"router {k}": v for k, v in (router.get("counters") or {}).items() if v})
+    return out
 
 
 def _pid(actor) -> int:
@@ -161,9 +176,20 @@ async def over_capacity(app_name: str) -> int:
     return total
 
 
-async def run_config(cfg: dict, args, base: str, slow: bool = False) -> dict:
-    """One configuration: fast engines (throughput; the ingress is the bottleneck) or, ``slow``, engines
-    that are the bottleneck (SP-P has to hold; over-capacity arrivals would show double grants)."""
+async def measure(client, url: str, app_name: str, n: int, concurrency: int, tag: str, max_tokens: int) -> dict:
+    pids = serve_processes(app_name)
+    oc0, cpu0 = await over_capacity(app_name), cpu_seconds(pids)
+    res = await load(client, url, n, concurrency, tag, max_tokens=max_tokens)
+    cpu1 = cpu_seconds(pids)
+    res["over_capacity"] = await over_capacity(app_name) - oc0
+    res["cpu_ms_per_req"] = {k: 1000 * (cpu1[k] - cpu0.get(k, 0.0)) / max(1, res["ok"]) for k in cpu1}
+    return res
+
+
+async def run_config(cfg: dict, args, base: str, slow: bool = False) -> Dict[int, dict]:
+    """One configuration, deployed once: ``{concurrency: result}``. Fast engines (throughput: the
+    ingress is the bottleneck) or, ``slow``, engines that are the bottleneck (SP-P has to hold;
+    over-capacity arrivals would show double grants)."""
     import httpx
     from ray import serve
 
@@ -174,46 +200,137 @@ async def run_config(cfg: dict, args, base: str, slow: bool = False) -> dict:
     app_name = apps[0].name
     url = f"{base}{apps[0].route_prefix}/v1/chat/completions"
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    out: Dict[int, dict] = {}
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
             await wait_ready(client, url)
-            await load(client, url, args.warmup, min(args.concurrency, 8), "warm-up")
-            pids = serve_processes(app_name)
-            oc0, cpu0 = await over_capacity(app_name), cpu_seconds(pids)
-            n = args.grant_requests if slow else args.requests
-            res = await load(client, url, n, args.concurrency, cfg["name"],
-                             max_tokens=args.grant_output_tokens if slow else 1)
-            cpu1 = cpu_seconds(pids)
-            res["over_capacity"] = await over_capacity(app_name) - oc0
-            res["cpu_ms_per_req"] = {k: 1000 * (cpu1[k] - cpu0.get(k, 0.0)) / max(1, res["ok"]) for k in cpu1}
-            res["processes"] = {k: len(v) for k, v in pids.items()}
+            await load(client, url, args.warmup, 8, "warm-up")
+            if slow:
+                out[32] = await measure(client, url, app_name, args.grant_requests, 32, cfg["name"],
+                                        args.grant_output_tokens)
+                return out
+            for c in args.concurrency:
+                n = args.requests if c > 1 else max(50, args.requests // 4)
+                out[c] = await measure(client, url, app_name, n, c, cfg["name"], 1)
+            out["counters"] = await ingress_counters(app_name)
+            if args.profile and cfg["name"] in args.profile:
+                out["profile"] = await profile_ingress(client, url, app_name, args, cfg["name"])
     finally:
         serve.delete(app_name)
-    return res
+    return out
 
 
-def fmt(cfg: dict, res: dict) -> str:
+async def profile_ingress(client, url: str, app_name: str, args, tag: str) -> str:
+    """py-spy (sampling, attached to the running ingress replica) while the region serves
+    ``args.requests`` requests at concurrency 32; returns the top frames by own time."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    spy = shutil.which("py-spy") or os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.path.exists(spy):
+        return "py-spy not installed (pip install py-spy)"
+    pid = serve_processes(app_name)["ingress"][0]
+    raw = os.path.join(tempfile.mkdtemp(prefix="geolb_spy_"), f"{tag}.txt")
+    proc = subprocess.Popen([spy, "record", "--pid", str(pid), "--format", "raw", "--output", raw, "--rate", "200",
+                             "--nonblocking", "--duration", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    await asyncio.sleep(1.0)
+    await load(client, url, args.requests, 32, tag + "-profiled")
+    proc.send_signal(2)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if not os.path.exists(raw):
+        return "py-spy failed: " + proc.stderr.read().decode()[-500:]
+    return top_frames(raw, args.profile_top)
+
+
+def _frame(fr: str) -> str:
+    """``func (path/to/file.py:line)`` -> ``func (pkg/file.py)``: a function, its file and package."""
+    if " (" not in fr:
+        return fr
+    func, _, where = fr.partition(" (")
+    path = where.rsplit(":", 1)[0]
+    parts = path.split("/")
+    if "ray_geolb" in parts:
+        path = "/".join(parts[parts.index("ray_geolb"):])
+    else:
+        path = "/".join(parts[-2:])
+    return f"{func} ({path})"
+
+
+def top_frames(raw_path: str, top: int) -> str:
+    """Own ("self") and total samples per function from py-spy's raw (collapsed-stack) output."""
+    own: Dict[str, int] = {}
+    total: Dict[str, int] = {}
+    samples = 0
+    with open(raw_path) as f:
+        for line in f:
+            stack, _, count = line.rstrip().rpartition(" ")
+            if not count.isdigit():
+                continue
+            k = int(count)
+            samples += k
+            frames = [_frame(fr) for fr in stack.split(";")]
+            own[frames[-1]] = own.get(frames[-1], 0) + k
+            for fr in set(frames):
+                total[fr] = total.get(fr, 0) + k
+    lines = [f"{samples} samples; top {top} by own time (own %, total %):"]
+    for fr, k in sorted(own.items(), key=lambda kv: -kv[1])[:top]:
+        lines.append(f"  {100 * k / samples:5.1f} %  {100 * total[fr] / samples:5.1f} %  {fr}")
+    ours = sorted(((k, fr) for fr, k in total.items() if "ray_geolb/" in fr), reverse=True)[:top]
+    lines.append(f"top {top} ray_geolb frames by total time (total %):")
+    lines += [f"  {100 * k / samples:5.1f} %  {fr}" for k, fr in ours]
+    return "\n".join(lines)
+
+
+def fmt(name: str, c: int, res: dict) -> str:
     cpu = res.get("cpu_ms_per_req", {})
-    cpu_s = " / ".join(f"{cpu.get(k, float('nan')):.1f}" for k in ("ingress", "proxy", "replicas"))
+    cpu_s = " / ".join(f"{cpu.get(k, float('nan')):.2f}" for k in ("ingress", "proxy", "replicas"))
     err = sum(res["errors"].values())
-    return (f"| {cfg['name']} | {res['rps']:.1f} | {res['p50_ms']:.0f} | {res['p99_ms']:.0f} | {err} | "
+    return (f"| {name} | {c} | {res['rps']:.1f} | {res['p50_ms']:.1f} | {res['p99_ms']:.1f} | {err} | "
             f"{res['over_capacity']} | {cpu_s} |")
+
+
+HEADER = ("| config | concurrency | req/s | p50 ms | p99 ms | errors | over-capacity arrivals | "
+          "CPU ms/req ingress / proxy / replicas |\n|---|---|---|---|---|---|---|---|")
+
+
+def ratios(rnd: int, results: Dict[str, List[dict]], names: List[str], concurrency: List[int]) -> None:
+    """geo-N / pow2-N (same ingress replicas) and geo-2 / geo-1, per concurrency, for this round."""
+    pairs = [(n, n.replace("geo-", "pow2-", 1)) for n in names if n.startswith("geo-") and not n.endswith("noshare")]
+    pairs += [("geo-2", "geo-1")] if {"geo-1", "geo-2"} <= set(names) else []
+    for a, b in pairs:
+        if b not in names:
+            continue
+        for c in concurrency:
+            ra, rb = results[a][rnd][c], results[b][rnd][c]
+            print(f"round {rnd + 1}, concurrency {c}: {a} / {b} = {ra['rps'] / rb['rps']:.2f}x req/s, "
+                  f"p50 {ra['p50_ms'] - rb['p50_ms']:+.2f} ms", flush=True)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--requests", type=int, default=600)
+    ap.add_argument("--requests", type=int, default=600, help="requests per measurement (concurrency 1: a quarter)")
     ap.add_argument("--warmup", type=int, default=40)
-    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--replicas", type=int, default=2, help="model replicas in the region")
-    ap.add_argument("--max-num-seqs", type=int, default=8)
-    ap.add_argument("--configs", default="geo-1,geo-2,geo-2-noshare,pow2-2")
+    ap.add_argument("--max-num-seqs", type=int, default=256, help="engine sequence slots (throughput rounds)")
+    ap.add_argument("--configs", default="geo-1,pow2-1,geo-2")
+    ap.add_argument("--grant-configs", default="geo-1,geo-2,geo-2-noshare,pow2-2")
     ap.add_argument("--grant-requests", type=int, default=200, help="requests of the double-grant check")
+    ap.add_argument("--grant-max-num-seqs", type=int, default=8)
     ap.add_argument("--grant-time-scale", type=float, default=1.0, help="engine time scale of that check")
     ap.add_argument("--grant-output-tokens", type=int, default=128)
+    ap.add_argument("--profile", default="", help="configs whose ingress py-spy profiles (e.g. geo-1)")
+    ap.add_argument("--profile-top", type=int, default=25)
     args = ap.parse_args(argv)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c]
+    args.profile = [c for c in args.profile.split(",") if c]
     configs = [parse_config(c) for c in args.configs.split(",") if c]
+    grant = [parse_config(c) for c in args.grant_configs.split(",") if c]
 
     from ray_geolb.serve.llm_server import guard_broken_torch_extras
 
@@ -223,10 +340,10 @@ def main(argv=None) -> int:
 
     from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
 
-    print(f"bench_ingress: {args.requests} chat requests at concurrency {args.concurrency}, {args.rounds} rounds; "
-          f"region {REGION}: {args.replicas} emulated LLMServer replicas (engine time x0.001, 1 output token, "
-          f"max_num_seqs {args.max_num_seqs}); no registry; GeoPrefixRouter defaults except where named; "
-          f"{os.cpu_count()} CPUs", flush=True)
+    print(f"bench_ingress: {args.requests} chat requests per measurement at concurrency {args.concurrency}, "
+          f"{args.rounds} rounds, configurations interleaved; region {REGION}: {args.replicas} emulated LLMServer "
+          f"replicas (engine time x0.001, 1 output token, max_num_seqs {args.max_num_seqs}); no registry; "
+          f"GeoPrefixRouter and the ingress at their defaults except where named; {os.cpu_count()} CPUs", flush=True)
     tmp = ray_temp_dir("geolb_bi_")
     cluster = start_region_cluster([REGION], tmp, namespace="geolb_bench", num_cpus=max(2, os.cpu_count() or 2))
     results: Dict[str, List[dict]] = {c["name"]: [] for c in configs}
@@ -235,32 +352,33 @@ def main(argv=None) -> int:
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         base = f"http://127.0.0.1:{port}"
         for rnd in range(args.rounds):
-            print(f"\nround {rnd + 1}\n\n| config | req/s | p50 ms | p99 ms | errors | over-capacity arrivals | "
-                  f"CPU ms/req ingress / proxy / replicas |\n|---|---|---|---|---|---|---|", flush=True)
+            print(f"\nround {rnd + 1}\n\n{HEADER}", flush=True)
             for cfg in configs:
                 res = asyncio.run(run_config(cfg, args, base))
                 results[cfg["name"]].append(res)
-                print(fmt(cfg, res), flush=True)
-            one = [c for c in configs if c["ingress_replicas"] == 1 and c["share"]]
-            for c in configs:
-                if one and c["ingress_replicas"] > 1 and c["router"] == one[0]["router"]:
-                    r = results[c["name"]][-1]["rps"] / results[one[0]["name"]][-1]["rps"]
-                    print(f"round {rnd + 1}: {c['name']} / {one[0]['name']} = {r:.2f}x req/s", flush=True)
-        print(f"\ndouble-grant check: engines at time scale {args.grant_time_scale:g}, {args.grant_output_tokens} "
-              f"output tokens (the engines are the bottleneck), {args.grant_requests} requests at concurrency "
-              f"{args.concurrency}\n\n| config | req/s | p50 ms | p99 ms | errors | over-capacity arrivals | "
-              f"CPU ms/req ingress / proxy / replicas |\n|---|---|---|---|---|---|---|", flush=True)
+                for c in args.concurrency:
+                    print(fmt(cfg["name"], c, res[c]), flush=True)
+                print(f"  ({cfg['name']} ingress counters, all measurements of the round: {res['counters']})", flush=True)
+            ratios(rnd, results, [c["name"] for c in configs], args.concurrency)
         for cfg in configs:
+            for rnd, res in enumerate(results[cfg["name"]]):
+                if "profile" in res:
+                    print(f"\npy-spy profile of the {cfg['name']} ingress, round {rnd + 1}:\n{res['profile']}")
+        if grant:
+            print(f"\ndouble-grant check: engines at time scale {args.grant_time_scale:g}, max_num_seqs "
+                  f"{args.grant_max_num_seqs}, {args.grant_output_tokens} output tokens (the engines are the "
+                  f"bottleneck), {args.grant_requests} requests at concurrency 32\n\n{HEADER}", flush=True)
+        for cfg in grant:
             res = asyncio.run(run_config(cfg, args, base, slow=True))
-            results[cfg["name"]][0]["grant_over_capacity"] = res["over_capacity"]
-            print(fmt(cfg, res), flush=True)
+            print(fmt(cfg["name"], 32, res[32]), flush=True)
         print("\nsummary (median over rounds)")
         for name, rs in results.items():
-            rps = sorted(r["rps"] for r in rs)
-            print(f"  {name}: req/s {percentile(rps, 50):.1f} (rounds {', '.join(f'{x:.1f}' for x in rps)}); "
-                  f"over-capacity arrivals {sum(r['over_capacity'] for r in rs)} (throughput rounds), "
-                  f"{rs[0].get('grant_over_capacity')} (double-grant check); "
-                  f"errors {sum(sum(r['errors'].values()) for r in rs)}")
+            for c in args.concurrency:
+                rps = sorted(r[c]["rps"] for r in rs)
+                p50 = sorted(r[c]["p50_ms"] for r in rs)
+                print(f"  {name} @ {c}: req/s {percentile(rps, 50):.1f} (rounds {', '.join(f'{x:.1f}' for x in rps)}),"
+                      f" p50 {percentile(p50, 50):.2f} ms; over-capacity {sum(r[c]['over_capacity'] for r in rs)}; "
+                      f"errors {sum(sum(r[c]['errors'].values()) for r in rs)}")
     finally:
         try:
             serve.shutdown()
