@@ -36,6 +36,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
+from ray_geolb.policy.region.config import REGION_LAYER
 from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.emulated import REGION_LABEL, REGION_OPTIONS_KEY
 from ray_geolb.serve.ingress import INGRESS_DEPLOYMENT, IngressConfig, RegionIngress
@@ -174,12 +175,8 @@ def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router:
         "peers": {} if region_local else {p: f"{app_prefix}{p}" for p in regions if p != region},
     }
     extra = dict(ingress or {})
-    two_layer: Dict[str, Any] = {"peer_stale_s": 2.0}
-    if router == "geo" and policy_name(policy if policy is not None else _default_policy()) == "geoprefix":
-        from ray_geolb.policy.algorithms.geoprefix import geoprefix_two_layer
-
-        two_layer.update(geoprefix_two_layer(region))
-        two_layer.pop("region")
+    # the region layer of the local policy, as deployed everywhere (REGION_LAYER: the simulator's too)
+    two_layer = REGION_LAYER.two_layer(policy_name(policy if policy is not None else _default_policy()))
     two_layer.update(extra.pop("two_layer", {}))
     if region_local:
         two_layer["max_hops"] = 0
@@ -245,7 +242,8 @@ def build_region_apps(
     ``registry``: ``RegistryOptions`` fields as a dict, or ``False`` for no registry (no forwarding).
     ``router_kwargs``: extra GeoPrefixRouter kwargs (``queue_bound``, ``wait_limit_s``...).
     ``policy``: the GeoPrefixRouter policy (None: the router's ``DEFAULT_POLICY``, GeoPrefix; its region
-    layer is then GeoPrefix's own, ``geoprefix_two_layer``, as in the simulator).
+    layer is the one ``REGION_LAYER`` deploys for that policy, as in the simulator: GeoPrefix's cost
+    selector for geoprefix, GORGO's for gorgo, the ring for skylb_ch, SkyLB's prefix snapshot otherwise).
     """
     regions = _check_regions({"us": 2, "eu": 1, "asia": 1} if regions is None else regions)
     if router not in ROUTERS:

@@ -204,11 +204,6 @@ def test_the_simulated_region_layer_is_the_serve_apps_field_by_field(serve_apps,
 
 
 @pytest.mark.parametrize("policy", ["gorgo", "skylb_ch"])
-@pytest.mark.xfail(strict=True, reason="build_region_apps (serve/app.py, _ingress_config) gives every policy but "
-                                       "geoprefix SkyLB's prefix selector; the simulator's gorgo / skylb-ch systems "
-                                       "use REGION_LAYER.peer_selectors (cost with GORGO_COST / ring). Fixed once "
-                                       "app.py takes its two_layer from REGION_LAYER.two_layer(policy); then this "
-                                       "xfail turns into a failure and must go")
 def test_other_policies_region_layer_matches_serve(serve_apps, policy):
     assert compare(serve_apps[policy], SYSTEM_OF_POLICY[policy]) == {}
 
