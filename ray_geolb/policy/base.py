@@ -87,6 +87,14 @@ class RouteRequest:
             p = self._prepared[key] = index.prepare(self.text)
         return p
 
+    def share_prepared(self, other: "RouteRequest") -> None:
+        """Reuse ``other``'s :meth:`prepared_for` results (the same prompt text, hashed by another
+        layer of the same process for the same index objects). ValueError if the texts differ."""
+        if other.text != self.text:
+            raise ValueError("share_prepared: the requests' texts differ")
+        for key, p in other._prepared.items():
+            self._prepared.setdefault(key, p)
+
     def note_pricing(self, owner: Any, hits: Dict[Hashable, float], priced: Sequence[Hashable]) -> None:
         """Record what ``owner`` (a cost policy) priced for this request: estimated cached tokens per
         target and the targets it priced (the last call wins)."""

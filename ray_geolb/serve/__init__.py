@@ -17,17 +17,21 @@ import threading
 import weakref
 from typing import Any, List, Optional, Tuple
 
-__all__ = ["register_router", "routers", "router_for"]
+__all__ = ["hand_over", "register_router", "routers", "router_for", "take_over", "withdraw"]
 
 _LOCK = threading.Lock()
 # (app_name, deployment_name) -> list of weak references, oldest first
 _ROUTERS: dict = {}
+#: bumped at every registration: a cached router lookup is current while this is unchanged
+GENERATION = 0
 # In-process scratch space shared by code that is pickled by value (e.g. benchmark timing hooks).
 PROCESS_STATE: dict = {}
 
 
 def register_router(key: Tuple[str, str], router: Any) -> None:
+    global GENERATION
     with _LOCK:
+        GENERATION += 1
         refs = [r for r in _ROUTERS.get(key, []) if r() is not None]
         refs.append(weakref.ref(router))
         _ROUTERS[key] = refs
@@ -50,3 +54,31 @@ def router_for(app_name: str, deployment_name: str) -> Optional[Any]:
     """The most recently created live router for that deployment in this process, or None."""
     rs = routers(app_name, deployment_name)
     return rs[-1] if rs else None
+
+
+# ---------------------------------------------------------------------------------------------- hand-over
+# The region ingress canonicalises each prompt (and may hash it into the local index's blocks while
+# it prices staying); the GeoPrefixRouter of the same process would do both again for the same
+# call. The ingress hands its RouteRequest over under Serve's request id of the call, the router
+# takes it when it first sees that call (request_book.py), and the ingress withdraws it when the
+# call ends whatever happened, so nothing stays here. Plain dict operations: atomic under the GIL.
+_HANDED: dict = {}
+
+
+def hand_over(serve_request_id: Optional[str], route_request: Any) -> None:
+    if serve_request_id:
+        _HANDED[serve_request_id] = route_request
+
+
+def take_over(serve_request_id: Optional[str]) -> Optional[Any]:
+    return _HANDED.pop(serve_request_id, None) if serve_request_id else None
+
+
+def withdraw(serve_request_id: Optional[str]) -> None:
+    if serve_request_id:
+        _HANDED.pop(serve_request_id, None)
+
+
+def handed_count() -> int:
+    """Prompts handed over and not yet taken or withdrawn (0 when idle; leak checks)."""
+    return len(_HANDED)

@@ -22,6 +22,7 @@ import asyncio
 from collections import OrderedDict
 from typing import Any, Dict, Optional
 
+import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import RouteRequest, canonical_text
 from ray_geolb.policy.canonical import PromptFormatError
 from ray_geolb.policy.hold_queue import HoldQueue
@@ -105,12 +106,19 @@ class RequestBook:
 
     def new_entry(self, pr) -> Entry:
         md = pr.metadata
-        text = extract_prompt_text(pr.args, pr.kwargs)
+        handed = _serve_pkg.take_over(getattr(md, "request_id", None))  # the region ingress's, same process
+        if handed is not None:
+            text = handed.text  # canonicalised once per hop, by the ingress
+            self.counters["handed_over"] += 1
+        else:
+            text = extract_prompt_text(pr.args, pr.kwargs)
         if text is None:
             self.counters["no_prompt"] += 1
             text = ""
         req = RouteRequest(request_id=md.internal_request_id, text=text,
                            session_key=getattr(md, "session_id", None) or None, region=self.region)
+        if handed is not None:
+            req.share_prepared(handed)  # and hashed once: the blocks of any index it was prepared for
         ent = Entry(req, pr, pr.created_at)
         self.entries[md.internal_request_id] = ent
         return ent

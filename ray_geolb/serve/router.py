@@ -139,6 +139,7 @@ class GeoPrefixRouter(RequestRouter):
         self.counters: Dict[str, int] = {
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
             "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0, "no_load_signal": 0,
+            "handed_over": 0,
         }
         self.headroom_share = check_share(headroom_share)
         if not (isinstance(load_signal_grace_s, (int, float)) and load_signal_grace_s > 0):

@@ -13,7 +13,7 @@ from typing import Any, Dict, FrozenSet, Optional
 
 from ray_geolb.policy.base import RouteRequest
 
-__all__ = ["RequestContext", "new_request_id"]
+__all__ = ["RequestContext", "new_request_id", "serve_request_id"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,17 @@ class RequestContext:
                    session=fmeta.get("session"), request_id=fmeta.get("request_id") or new_request_id(),
                    waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"),
                    kind=fmeta.get("kind") or ("chat" if "messages" in body else "completion"))
+
+
+def serve_request_id() -> Optional[str]:
+    """Serve's request id of the call being handled now (what a handle call made from here carries
+    as ``metadata.request_id``), or None outside a Serve request."""
+    try:
+        from ray.serve.context import _get_serve_request_context
+
+        return _get_serve_request_context().request_id or None
+    except Exception:  # noqa: BLE001 - not in Serve
+        return None
 
 
 def new_request_id() -> str:

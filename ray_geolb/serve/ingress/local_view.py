@@ -10,10 +10,13 @@ as its local layer exactly as the simulator's RegionRouter uses a policy.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Optional
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy.base import Decision
+
+from .context import serve_request_id
 
 __all__ = ["LocalSlot", "LocalView", "TrackerView", "geo_router_of"]
 
@@ -25,7 +28,18 @@ def geo_router_of(model: Any) -> Callable[[], Optional[Any]]:
     dep = getattr(model, "deployment_name", None)
     if app is None or dep is None:
         return lambda: None
-    return lambda: _serve_pkg.router_for(app, dep)
+    found: list = [None, -1]  # a weak reference to the router and the registry generation it was found at
+
+    def router() -> Optional[Any]:
+        ref, gen = found
+        r = ref() if ref is not None else None
+        if r is None or gen != _serve_pkg.GENERATION:  # no router yet, or a router registered since
+            gen = _serve_pkg.GENERATION
+            r = _serve_pkg.router_for(app, dep)  # the registry, under its lock
+            found[:] = [weakref.ref(r) if r is not None else None, gen]
+        return r  # otherwise two plain reads: no lock on the request path
+
+    return router
 
 
 class LocalView:
@@ -147,9 +161,11 @@ class LocalView:
             out.update(r.accounting())
         return out
 
-    def take_slot(self, request_id: str, on_done: Callable[[], None]) -> "LocalSlot":
-        """The local slot a request sent to the model handle takes (see :class:`LocalSlot`)."""
-        return LocalSlot(self, request_id, on_done)
+    def take_slot(self, request_id: str, on_done: Callable[[], None], route_request: Any = None) -> "LocalSlot":
+        """The local slot a request sent to the model handle takes (see :class:`LocalSlot`). With
+        ``route_request`` (its prompt already canonicalised here), the slot also hands it over to the
+        router of this process for the duration of the call (``ray_geolb.serve.hand_over``)."""
+        return LocalSlot(self, request_id, on_done, route_request)
 
     # ------------------------------------------------------------ LocalLayer
     @property
@@ -231,16 +247,21 @@ class TrackerView:
 class LocalSlot:
     """The local capacity one request holds: its id in the view's ``unrouted`` set until the router
     has placed it (:meth:`routed`), and the slot it frees when it leaves (:meth:`release`: ``on_done``,
-    exactly once, whatever path ends the request)."""
+    exactly once, whatever path ends the request). A route request handed over to the router is
+    withdrawn on release too (the router normally took it already)."""
 
-    __slots__ = ("_view", "_rid", "_on_done", "_released")
+    __slots__ = ("_view", "_rid", "_on_done", "_released", "_handed")
 
-    def __init__(self, view: LocalView, request_id: str, on_done: Callable[[], None]):
+    def __init__(self, view: LocalView, request_id: str, on_done: Callable[[], None], route_request: Any = None):
         self._view = view
         self._rid = request_id
         self._on_done = on_done
         self._released = False
+        self._handed = None
         view.unrouted.add(request_id)
+        if route_request is not None:
+            self._handed = serve_request_id()
+            _serve_pkg.hand_over(self._handed, route_request)
 
     def routed(self) -> None:
         self._view.unrouted.discard(self._rid)
@@ -249,4 +270,5 @@ class LocalSlot:
         if not self._released:
             self._released = True
             self._view.unrouted.discard(self._rid)
+            _serve_pkg.withdraw(self._handed)
             self._on_done()

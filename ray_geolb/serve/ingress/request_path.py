@@ -113,7 +113,9 @@ class RequestPath:
         err = None
         for _ in range(3):
             try:
-                if self.router.selector is not None:
+                if self.router.selector is not None and self.local.local_slots() <= 0:
+                    # the queue ahead only enters the stay cost, which is priced only when the local
+                    # layer has no free slot (RegionRouter.decide stays local without pricing otherwise)
                     self.set_queue_ahead(waiting)
                 d = self.router.decide(rreq, _now())
                 if d.kind != "local":
@@ -206,7 +208,7 @@ class RequestPath:
                                    type_="region_not_allowed", param="allowed_regions", region=self.region)
             if d.kind == "local":
                 self.counts["local"] += 1
-                return await self._run_local(ctx, d, wait_ms)
+                return await self._run_local(ctx, d, wait_ms, rreq)
             try:
                 return await self._forward(ctx, rreq, d, wait_ms)
             except ForwardFailed as e:
@@ -231,11 +233,13 @@ class RequestPath:
             self.counts["errors"] += 1
         return err
 
-    async def _run_local(self, ctx: RequestContext, d: RegionDecision, wait_ms: float):
+    async def _run_local(self, ctx: RequestContext, d: RegionDecision, wait_ms: float,
+                         rreq: Optional[RouteRequest] = None):
         """Run a request on this region's model deployment. The local slot it takes (the request id in
         the view's ``unrouted`` set until the router places it, then :meth:`local_done` when it leaves)
-        is owned by a :class:`LocalSlot` and returned on every path, cancellation included."""
-        slot = self.local.take_slot(ctx.request_id, self.local_done)
+        is owned by a :class:`LocalSlot` and returned on every path, cancellation included. ``rreq``
+        (the prompt canonicalised, maybe hashed, here) is handed over to the router for the call."""
+        slot = self.local.take_slot(ctx.request_id, self.local_done, rreq)
         if ctx.stream:
             return await self._run_local_stream(ctx, d, wait_ms, slot)
         try:

@@ -1,0 +1,78 @@
+"""One hop canonicalises and hashes a prompt once: the region ingress hands its RouteRequest to the
+GeoPrefixRouter of the same process (``ray_geolb.serve.hand_over``, keyed by Serve's request id of
+the call), the router's RequestBook takes it instead of extracting the prompt from the call again,
+and whatever ends the call, nothing is left behind. No cluster: the router runs ``initialize_state``
+only and the calls are Ray's own ``PendingRequest`` / ``RequestMetadata`` objects."""
+
+from __future__ import annotations
+
+import pytest
+from ray.serve._private.common import RequestMetadata
+from ray.serve._private.request_router.common import PendingRequest
+from ray.serve.context import _set_request_context, _unset_request_context
+
+import ray_geolb.serve as serve_pkg
+from ray_geolb.policy import RouteRequest, canonical_text
+from ray_geolb.serve.ingress.local_view import LocalView
+from ray_geolb.serve.router import GeoPrefixRouter
+
+BODY = {"messages": [{"role": "system", "content": "a long shared system prompt " * 50},
+                     {"role": "user", "content": "and a question"}]}
+
+
+class _Router(GeoPrefixRouter):
+    def __init__(self):  # no Ray: initialize_state only
+        self._deployment_id = None
+
+
+def _pending(serve_id: str, internal_id: str, body) -> PendingRequest:
+    md = RequestMetadata(request_id=serve_id, internal_request_id=internal_id)
+    return PendingRequest(args=[body], kwargs={}, metadata=md)
+
+
+@pytest.fixture
+def serve_call():
+    _set_request_context(request_id="call-1")
+    yield "call-1"
+    _unset_request_context()
+    assert serve_pkg.handed_count() == 0
+
+
+def test_router_takes_the_ingress_prompt_and_its_hashes(serve_call):
+    router = _Router()
+    router.initialize_state()
+    view = LocalView("router", lambda: router)
+    rreq = RouteRequest(request_id="ing-1", text=canonical_text(BODY))
+    prepared = rreq.prepared_for(router.policy.index)  # the ingress priced staying: it hashed already
+    slot = view.take_slot("ing-1", lambda: None, rreq)
+    assert serve_pkg.handed_count() == 1
+    ent = router.book.new_entry(_pending(serve_call, "internal-1", {"unused": "the router never parses it"}))
+    assert router.counters["handed_over"] == 1 and router.counters["no_prompt"] == 0
+    assert ent.req.text == rreq.text and ent.req.request_id == "internal-1"
+    assert ent.req.prepared_for(router.policy.index) is prepared  # not hashed a second time
+    assert serve_pkg.handed_count() == 0  # taken
+    slot.release()
+
+
+def test_a_call_the_router_never_saw_leaves_nothing(serve_call):
+    router = _Router()
+    router.initialize_state()
+    view = LocalView("router", lambda: router)
+    slot = view.take_slot("ing-2", lambda: None, RouteRequest(request_id="ing-2", text="x" * 400))
+    assert serve_pkg.handed_count() == 1
+    slot.release()  # e.g. the client left before the handle call was routed
+    slot.release()  # idempotent
+    assert serve_pkg.handed_count() == 0
+
+
+def test_without_a_hand_over_the_router_reads_the_call(serve_call):
+    router = _Router()
+    router.initialize_state()
+    ent = router.book.new_entry(_pending("another-call", "internal-3", BODY))
+    assert ent.req.text == canonical_text(BODY) and router.counters["handed_over"] == 0
+
+
+def test_share_prepared_refuses_another_prompt():
+    a, b = RouteRequest(request_id="a", text="one"), RouteRequest(request_id="b", text="two")
+    with pytest.raises(ValueError, match="texts differ"):
+        a.share_prepared(b)
