@@ -358,7 +358,8 @@ def main(argv=None) -> int:
                 results[cfg["name"]].append(res)
                 for c in args.concurrency:
                     print(fmt(cfg["name"], c, res[c]), flush=True)
-                print(f"  ({cfg['name']} ingress counters, all measurements of the round: {res['counters']})", flush=True)
+                print(f"  ({cfg['name']} ingress counters, all measurements of the round: {res['counters']})",
+                      flush=True)
             ratios(rnd, results, [c["name"] for c in configs], args.concurrency)
         for cfg in configs:
             for rnd, res in enumerate(results[cfg["name"]]):

@@ -24,9 +24,9 @@ DRAM -- the hashing pass over a cold 32 KB prompt then costs GeoPrefixRouter ~25
 
 SP-P and a fast replica: the light deployment reports ``num_waiting=0``, ``num_running=<in flight>``
 and ``max_num_seqs=256`` (no KV fields), so the router knows each replica's headroom
-(min(max_burst, 256 - running)); GeoPrefixRouter runs with ``availability.max_burst=64`` so the
-per-report credit never throttles a replica that answers in microseconds (credits also come back on
-every completion). Prints a table; writes nothing.
+(min(max_burst, 256 - running)). GeoPrefixRouter runs with its defaults (``max_burst`` 32 per report;
+credits also come back on every completion); ``--max-burst N`` sets ``availability.max_burst`` for
+both GeoPrefixRouter rows, and the run prints it. Prints a table; writes nothing.
 """
 
 from __future__ import annotations
@@ -120,10 +120,8 @@ class Light:
 
 
 ROUTERS = [
-    (f"GeoPrefixRouter({DEFAULT_POLICY})", TimedGeo, "Geo",
-     {"policy": {"name": DEFAULT_POLICY, "availability": {"max_burst": 64}}}),
-    ("GeoPrefixRouter(skylb)", TimedGeoSky, "GeoSky",
-     {"policy": {"name": "skylb", "availability": {"max_burst": 64}}}),
+    (f"GeoPrefixRouter({DEFAULT_POLICY})", TimedGeo, "Geo", {"policy": {"name": DEFAULT_POLICY}}),
+    ("GeoPrefixRouter(skylb)", TimedGeoSky, "GeoSky", {"policy": {"name": "skylb"}}),
     ("PrefixCacheAffinityRouter", TimedPrefix, "Prefix", {}),
     ("PowerOfTwo (default)", TimedPow2, "Pow2", {}),
 ]
@@ -224,7 +222,13 @@ def main():
     ap.add_argument("--prebuilt-prompts", action="store_true",
                     help="build all 600 prompts (19 MB) before the run instead of when each request is sent: the "
                          "router then reads each prompt from DRAM (cold caches), as no real ingress would")
+    ap.add_argument("--max-burst", type=int, default=None,
+                    help="GeoPrefixRouter availability.max_burst (default: the router's own default)")
     args = ap.parse_args()
+    routers = ROUTERS
+    if args.max_burst:
+        routers = [(label, cls, key, {"policy": dict(kw["policy"], availability={"max_burst": args.max_burst})}
+                    if "policy" in kw else kw) for label, cls, key, kw in ROUTERS]
     start_local_ray(num_cpus=args.num_cpus, prefix="rgB", logging_level="error")
     serve.start()
     reqs = make_workload(args.requests)
@@ -234,7 +238,7 @@ def main():
     rounds = []
     try:
         for rnd in range(args.rounds):
-            rounds.append([run_one(label, cls, key, kw, args, reqs, warm, rnd) for label, cls, key, kw in ROUTERS])
+            rounds.append([run_one(label, cls, key, kw, args, reqs, warm, rnd) for label, cls, key, kw in routers])
     finally:
         serve.shutdown()
         ray.shutdown()
@@ -244,7 +248,9 @@ def main():
           + ("built before the run (--prebuilt-prompts)" if args.prebuilt_prompts
              else "built when each request is sent"))
     print("light replicas report num_waiting=0, num_running=in-flight, max_num_seqs=256 (no KV fields); "
-          "GeoPrefixRouter availability.max_burst=64, so SP-P headroom = min(64, 256 - running)")
+          + (f"GeoPrefixRouter availability.max_burst={args.max_burst} (NOT the default)" if args.max_burst
+             else "GeoPrefixRouter at its defaults (availability.max_burst 32: "
+                  "SP-P headroom = min(32, 256 - running))"))
     hdr = (f"{'router':28s} {'p50 ms':>8s} {'p99 ms':>8s} {'mean ms':>8s} {'cpu p50':>8s} {'cpu p99':>8s} "
            f"{'req/s':>8s} {'affinity':>8s} {'warm':>6s} {'load1':>6s}  per-replica counts")
     print("times are per request, summed over its choose_replicas + on_request_routed calls; 'ms' = wall "
