@@ -165,6 +165,26 @@ def _emulated_config(model: str, engine: Dict[str, Any]):
     return emulated_llm_config(model, router_class=None, **{**EMULATED_DEFAULTS, **engine})
 
 
+def model_len(llm_config: Any) -> Optional[int]:
+    """The context length an ``LLMConfig``'s engine runs with, where the config says it: vLLM's
+    ``engine_kwargs.max_model_len``, or the emulated engine's profile (and its overrides); None when
+    only the model's own config knows (the ingress then leaves the check to the engine)."""
+    kw = getattr(llm_config, "engine_kwargs", None) or {}
+    if isinstance(kw.get("max_model_len"), int):
+        return kw["max_model_len"]
+    from ray_geolb.serve.llm_server import ENGINE_OPTIONS_KEY
+
+    emu = (getattr(llm_config, "experimental_configs", None) or {}).get(ENGINE_OPTIONS_KEY)
+    if isinstance(emu, dict):
+        over = emu.get("engine_overrides") or {}
+        if isinstance(over.get("max_model_len"), int):
+            return over["max_model_len"]
+        from ray_geolb.engine.profiles import get_profile
+
+        return get_profile(emu.get("profile") or EMULATED_DEFAULTS["profile"]).max_model_len
+    return None
+
+
 # ---------------------------------------------------------------------------------------------- apps
 def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router: str, policy: Any, lat,
                     ingress: Optional[dict], registry: Any, app_prefix: str) -> dict:
@@ -204,6 +224,8 @@ def _one_app(region: str, regions: Dict[str, int], llm_config: Any, *, router: s
 
     cfg = region_llm_config(llm_config, region, regions[region], router=router, policy=policy,
                             router_kwargs=router_kwargs, stats_period_s=stats_period_s, pin_to_region=pin_to_region)
+    length = model_len(cfg)
+    ingress = {"max_model_len": length, **(ingress or {})} if length is not None else ingress
     icfg = _ingress_config(region, regions, cfg.model_id, router, policy, lat, ingress, registry, app_prefix)
     actor_opts: Dict[str, Any] = {"num_cpus": 0}
     if pin_to_region:

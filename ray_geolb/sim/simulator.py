@@ -126,6 +126,12 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                          "reload it; simulated LBs never restart",
     "default_max_tokens": "an HTTP request default; a simulated request carries its workload's own max_tokens",
     "max_tokens_limit": "HTTP request validation; simulated workloads are valid by construction",
+    "max_body_bytes": "an HTTP input bound (413); simulated requests have no body and are valid by construction",
+    "max_json_depth": "an HTTP input bound (400); simulated requests have no JSON body",
+    "max_model_len": "the ingress's context-length check (400 before routing); the simulator's client rejects a "
+                     "request the engine could never run (request_fits) instead, so none reaches an LB",
+    "max_chars_per_token": "the bound behind the ingress's context-length check; simulated prompts come with "
+                           "their token counts",
     "forward_timeout_s": "forwards never fail in the simulator (no failures: no timeouts, no unreachable peer, "
                          "no re-decision after a failed forward)",
     "debug": "operator access to the state endpoint and per-request figures",

@@ -269,6 +269,9 @@ def test_decide_retries_a_racing_read_then_degrades():
     ing.router.decide = lambda *a: (_ for _ in ()).throw(RuntimeError("always"))
     d = ing.decide(RouteRequest(request_id="z2", text="hi " * 10))
     assert d.kind == "local" and d.reason == "local_available" and ing.counters["decide_errors"] == 1
+    # residency holds on the fallback: a request that may not be served in us is never sent local
+    d = ing.decide(RouteRequest(request_id="z3", text="hi " * 10, allowed_regions={"eu"}))
+    assert (d.kind, d.reason) == ("hold", "decide_error") and ing.counters["decide_errors"] == 2
 
 
 def test_local_view_without_router_or_with_skylb():

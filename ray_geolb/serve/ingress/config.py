@@ -62,6 +62,15 @@ class IngressConfig(BaseModel):
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)
     forward_timeout_s: float = Field(300.0, gt=0)
+    #: input bounds, checked before anything is routed or indexed (openai.validate_body)
+    max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies -> 413")
+    max_json_depth: int = Field(32, ge=4, le=1000, description="deeper JSON nesting -> 400")
+    max_model_len: Optional[int] = Field(
+        None, ge=1, description="the model's context length (build_region_apps sets it from the LLMConfig or the "
+                                "emulated profile): a prompt that cannot fit -> 400 context_length_exceeded")
+    max_chars_per_token: float = Field(
+        8.0, gt=0, description="the most characters a token holds, for the context-length check (a prompt of "
+                               "N characters has at least N / this many tokens; the engine checks exactly)")
     #: Privacy. By default a response tells the client only where it was served (``x-geolb-region``,
     #: ``-route``, ``-origin``): no per-request cache figure (matched prefix, cached tokens, replica,
     #: reason, queue wait), which would let a client learn what *others* sent (guessing a prompt byte

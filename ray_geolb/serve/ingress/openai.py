@@ -85,12 +85,36 @@ def parse_allowed(value: Any, where: str) -> Optional[FrozenSet[str]]:
     return frozenset(regions)
 
 
-def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int, default_max_tokens: int):
-    """Parse and check an OpenAI body. Returns ``(PromptBody, text, stream, max_tokens, allowed)``."""
+def json_depth(obj, limit: int) -> int:
+    """Nesting depth of a parsed JSON value, counted without recursion and without looking deeper than
+    ``limit + 1`` (so a hostile body costs no more than its size)."""
+    deepest, stack = 0, [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, (dict, list)):
+            deepest = max(deepest, d)
+            if d > limit:
+                return d
+            stack.extend((v, d + 1) for v in (o.values() if isinstance(o, dict) else o))
+    return deepest
+
+
+def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int, default_max_tokens: int,
+                  limits=None):
+    """Parse and check an OpenAI body. Returns ``(PromptBody, text, stream, max_tokens, allowed)``.
+    ``limits`` (an ``IngressConfig``; None: no size, depth or context bounds) gives
+    ``max_body_bytes`` (413), ``max_json_depth`` and ``max_model_len`` (400 context_length_exceeded)."""
+    if limits is not None and len(raw or b"") > limits.max_body_bytes:
+        raise GeoHTTPError(413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}",
+                           type_="request_too_large")
     try:
         body = json.loads(raw or b"")
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise GeoHTTPError(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise GeoHTTPError(400, "request body nests JSON too deeply") from None
+    if limits is not None and json_depth(body, limits.max_json_depth) > limits.max_json_depth:
+        raise GeoHTTPError(400, f"request body nests JSON deeper than {limits.max_json_depth} levels")
     if not isinstance(body, dict):
         raise GeoHTTPError(400, f"request body must be a JSON object, got {type(body).__name__}")
     field = "messages" if kind == "chat" else "prompt"
@@ -120,6 +144,19 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
         text = canonical_text(body)
     except PromptFormatError as e:
         raise GeoHTTPError(400, f"invalid '{field}': {e}", param=field) from None
+    except RecursionError:
+        raise GeoHTTPError(400, f"invalid '{field}': nested too deeply", param=field) from None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:  # a lone surrogate (JSON "\ud800"): no engine can tokenize it
+        raise GeoHTTPError(400, f"invalid '{field}': not valid Unicode text ({e.reason} at character "
+                                f"{e.start})", param=field) from None
+    if limits is not None and limits.max_model_len is not None:
+        floor = len(text) / limits.max_chars_per_token  # no tokenizer packs more chars into a token
+        if floor + mt > limits.max_model_len:
+            raise GeoHTTPError(400, f"this request needs at least {math.ceil(floor)} prompt tokens + {mt} output "
+                                    f"tokens, more than the model's context length {limits.max_model_len}",
+                               type_="context_length_exceeded", param=field)
     return PromptBody(body), text, stream, mt, allowed
 
 
@@ -142,7 +179,7 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
     (``headers_in`` = :func:`client_headers`); ``cfg`` is the ``IngressConfig``. Raises
     :class:`GeoHTTPError` (400/404) naming the problem."""
     body, text, stream, max_tokens, allowed = validate_body(
-        raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens)
+        raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens, limits=cfg)
     hdr = headers_in.get("x-allowed-regions")
     if hdr is not None:
         h_allowed = parse_allowed(hdr, "header x-allowed-regions")

@@ -126,7 +126,12 @@ class RequestPath:
                 err = e
         self.counts["decide_errors"] += 1
         logger.warning("region %s: decide failed 3 times (%r); deciding by local availability", self.region, err)
-        if self.local.local_available() > 0:
+        allowed = rreq.allowed_regions
+        if allowed is not None and self.region not in allowed:
+            # residency holds on the fallback too: never local outside allowed_regions; wait for a
+            # decision that works (the queue's deadline answers 503 if none comes)
+            return RegionDecision("hold", reason="decide_error")
+        if self.local.local_slots() > 0:
             return RegionDecision("local", None, 0, "local_available")
         return RegionDecision("hold", reason="decide_error")
 
@@ -221,10 +226,25 @@ class RequestPath:
                            type_="forward_failed", retry_after_s=self.cfg.retry_after_s, region=self.region)
 
     async def forwarded(self, body: dict, fmeta: dict, *, stream: bool):
-        """A request forwarded by a peer region (hops >= 1: it is never forwarded again)."""
+        """A request forwarded by a peer region (hops >= 1: it is never forwarded again). Whatever goes
+        wrong here reaches the origin as a :class:`GeoHTTPError`: this region was reached and answered,
+        so the origin neither retries the request elsewhere nor marks this region unreachable (only a
+        peer it cannot reach is that)."""
         self.counts["forwarded_in"] += 1
-        body = PromptBody(body)
-        return await self.process(RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream))
+        try:
+            body = PromptBody(body)
+            return await self.process(RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream))
+        except GeoHTTPError:
+            raise
+        except Exception as e:  # noqa: BLE001 - typed for the origin; CancelledError passes
+            raise self.server_error(e) from None
+
+    def server_error(self, e: Exception) -> GeoHTTPError:
+        """An unexpected failure while serving a request, as the typed 500 the client gets (the cause
+        is logged here, not sent: it may quote the prompt)."""
+        logger.warning("region %s: request failed: %s", self.region, type(e).__name__, exc_info=e)
+        return GeoHTTPError(500, f"region {self.region} failed to serve the request ({type(e).__name__})",
+                            type_="server_error", region=self.region)
 
     def _model_error(self, e: Exception) -> Optional[GeoHTTPError]:
         """The HTTP error a model call's failure maps to, or None (then it is counted in ``errors``)."""

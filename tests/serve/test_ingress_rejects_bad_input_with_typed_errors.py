@@ -1,0 +1,105 @@
+"""Bad input gets a typed JSON error naming the problem before anything is routed or indexed, and a
+failure while serving reaches the client (and, for a forwarded request, the origin) as a typed 500:
+the body-size bound (413), JSON nesting (400, also beyond Python's recursion limit), a lone surrogate
+(400), a prompt that cannot fit the model's context (400 context_length_exceeded), and a model that
+raises. No cluster: ``parse_request`` and a ``RequestPath`` with its model call replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from ray_geolb.serve.ingress import IngressConfig, RequestPath
+from ray_geolb.serve.ingress.errors import GeoHTTPError
+from ray_geolb.serve.ingress.openai import json_depth, parse_request
+
+CFG = IngressConfig(region="us", registry=None, model_name="m", max_model_len=1000, max_body_bytes=64 * 1024,
+                    max_json_depth=16)
+
+
+def parse(body, cfg=CFG, kind="chat"):
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return parse_request(raw, {}, kind, cfg, origin="us", request_id="r")
+
+
+def chat(content, **kw):
+    return {"model": "m", "messages": [{"role": "user", "content": content}], **kw}
+
+
+def status_of(body, **kw):
+    with pytest.raises(GeoHTTPError) as e:
+        parse(body, **kw)
+    return e.value
+
+
+def test_a_body_over_the_size_bound_is_413_before_parsing():
+    e = status_of(b"{" + b" " * (64 * 1024) + b"}")
+    assert e.status == 413 and e.type == "request_too_large" and "65538 bytes" in e.message
+
+
+@pytest.mark.parametrize("depth", [17, 5000, 200_000])
+def test_deep_json_is_400_even_past_the_recursion_limit(depth):
+    raw = ("[" * depth + "]" * depth).encode()
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": ' + raw + b"}"
+    if len(body) > CFG.max_body_bytes:
+        cfg = CFG.model_copy(update={"max_body_bytes": len(body) + 1})
+        e = status_of(body, cfg=cfg)
+    else:
+        e = status_of(body)
+    assert e.status == 400 and "deep" in e.message
+
+
+def test_json_depth_stops_early():
+    deep = []
+    cur = deep
+    for _ in range(50_000):
+        cur.append([])
+        cur = cur[0]
+    assert json_depth(deep, 10) == 11  # looked no deeper than the limit + 1
+    assert json_depth({"a": [1, {"b": 2}]}, 10) == 3
+
+
+def test_a_lone_surrogate_is_400():
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "bad \\ud800 text"}]}'
+    e = status_of(raw)
+    assert e.status == 400 and "Unicode" in e.message and e.param == "messages"
+
+
+def test_a_prompt_that_cannot_fit_the_context_is_400_before_routing():
+    e = status_of(chat("x" * 8 * 1000, max_tokens=16))  # >= 1,000 tokens at the most 8 chars per token
+    assert e.status == 400 and e.type == "context_length_exceeded" and "context length 1000" in e.message
+    assert parse(chat("x" * 4000, max_tokens=16)).text  # might fit: the engine decides
+    assert parse(chat("x" * 8 * 1000), cfg=CFG.model_copy(update={"max_model_len": None})).text  # no bound known
+
+
+def test_the_region_apps_know_the_emulated_models_context_length():
+    from ray_geolb.engine.profiles import get_profile
+    from ray_geolb.serve.app import EMULATED_DEFAULTS, build_region_apps
+
+    apps = build_region_apps({"us": 1, "eu": 1})
+    assert all(a.config["max_model_len"] == get_profile(EMULATED_DEFAULTS["profile"]).max_model_len for a in apps)
+    apps = build_region_apps({"us": 1}, engine_overrides={"max_model_len": 2048}, registry=False)
+    assert apps[0].config["max_model_len"] == 2048
+
+
+class _FailingModel:
+    async def complete(self, ctx):
+        raise KeyError("the engine broke on: secret prompt text")
+
+
+def test_a_model_failure_is_a_typed_500_and_a_forwarded_one_is_not_a_dead_peer():
+    ing = RequestPath(CFG.model_dump(), geo_router=lambda: None)
+    ing.llm = _FailingModel()
+    body = chat("hello")
+    fmeta = {"hops": 1, "origin": "eu", "max_tokens": 16, "request_id": "f1", "stream": False}
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(ing.forwarded(body, fmeta, stream=False))
+    err = e.value
+    assert err.status == 500 and err.type == "server_error" and err.region == "us"
+    assert "secret" not in err.message and "KeyError" in err.message  # the cause is named, the prompt is not
+    # the origin maps it as the peer's answer (no retry, no 'unreachable'), not as ForwardFailed
+    from ray_geolb.serve.ingress.errors import as_http_error
+
+    assert as_http_error(err, "eu") is err
