@@ -64,7 +64,7 @@ class IngressConfig(BaseModel):
     forward_timeout_s: float = Field(300.0, gt=0)
     #: input bounds, checked before anything is routed or indexed (openai.validate_body)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies -> 413")
-    max_json_depth: int = Field(32, ge=4, le=1000, description="deeper JSON nesting -> 400")
+    max_json_depth: int = Field(64, ge=4, le=1000, description="deeper JSON nesting -> 400 (tool schemas nest)")
     max_model_len: Optional[int] = Field(
         None, ge=1, description="the model's context length (build_region_apps sets it from the LLMConfig or the "
                                 "emulated profile): a prompt that cannot fit -> 400 context_length_exceeded")
