@@ -28,8 +28,10 @@ The client each ingress runs is :class:`~ray_geolb.serve.registry_client.Registr
 
 from __future__ import annotations
 
+import hmac
 import logging
 import math
+import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
@@ -41,12 +43,17 @@ __all__ = [
     "RegistryState",
     "RegionRegistry",  # noqa: F822 - built lazily by __getattr__ (importing this module must not import ray)
     "get_or_create_registry",
+    "SECRET_ENV",
     "trim_snapshot",
     "validate_extra",
 ]
 
 DEFAULT_NAME = "geolb_registry"
 DEFAULT_NAMESPACE = "geolb"
+#: the environment variable holding the deployment's registry secret (in every ingress replica's and
+#: the registry actor's environment, e.g. the nodes' env or a runtime_env): when the registry has one,
+#: only heartbeats that carry it (``token``) are applied
+SECRET_ENV = "GEOLB_REGISTRY_SECRET"
 
 
 #: heartbeat ``extra`` limits: keys per region, key length
@@ -127,6 +134,7 @@ class RegistryState:
         drop_after_s: float = 60.0,
         max_snapshot_nodes: int = 20_000,
         clock: Callable[[], float] = time.monotonic,
+        secret: Optional[str] = None,
     ):
         for name, v in (("max_regions", max_regions), ("max_sources_per_region", max_sources_per_region),
                         ("max_snapshot_nodes", max_snapshot_nodes)):
@@ -139,6 +147,9 @@ class RegistryState:
         self.fresh_s = float(fresh_s)
         self.drop_after_s = float(drop_after_s)
         self.max_snapshot_nodes = max_snapshot_nodes
+        if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
+            raise ValueError("the registry secret must be a string of at least 16 characters")
+        self._secret = secret.encode() if secret else None
         self._clock = clock
         # region -> source -> {"available_replicas", "queue_len", "t"}
         self._sources: Dict[str, Dict[str, dict]] = {}
@@ -148,6 +159,7 @@ class RegistryState:
         self.started_at = clock()
         self.heartbeats = 0
         self.rejected = 0
+        self.unauthenticated = 0
 
     # ------------------------------------------------------------ updates
     def heartbeat_batch(self, items: Iterable[dict]) -> dict:
@@ -164,6 +176,11 @@ class RegistryState:
         if not isinstance(items, (list, tuple)):
             items = [items]
         for item in items:
+            if self._secret is not None and not self._authentic(item):
+                self.unauthenticated += 1
+                errors.append(f"heartbeat from {item.get('source') if isinstance(item, dict) else '?'!r}: "
+                              f"missing or wrong registry token ({SECRET_ENV})")
+                continue
             try:
                 self._apply(item, now)
                 self.heartbeats += 1
@@ -175,6 +192,10 @@ class RegistryState:
         if errors:
             table["errors"] = errors[:10]
         return table
+
+    def _authentic(self, item) -> bool:
+        token = item.get("token") if isinstance(item, dict) else None
+        return isinstance(token, str) and hmac.compare_digest(token.encode(), self._secret)
 
     def _apply(self, item: dict, now: float) -> None:
         if not isinstance(item, dict):
@@ -266,6 +287,7 @@ class RegistryState:
             "snapshot_nodes": {r: len(s["nodes"]) for r, s in self._snapshots.items()},
             "heartbeats": self.heartbeats,
             "rejected": self.rejected,
+            "unauthenticated": self.unauthenticated,
             "uptime_s": self._clock() - self.started_at,
         }
 
@@ -279,7 +301,9 @@ def _actor_class():
         """Ray actor around :class:`RegistryState` (detached and named; see get_or_create_registry)."""
 
         def __init__(self, config: Optional[dict] = None):
-            self.state = RegistryState(**(config or {}))
+            cfg = dict(config or {})
+            cfg.setdefault("secret", os.environ.get(SECRET_ENV) or None)  # never passed as an argument
+            self.state = RegistryState(**cfg)
 
         def heartbeat_batch(self, items: List[dict]) -> dict:
             return self.state.heartbeat_batch(items)

@@ -13,11 +13,19 @@ again if it is gone for good).
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Callable, Optional
 
 from ray_geolb.serve.clock import policy_now
-from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_registry, logger, validate_extra
+from ray_geolb.serve.registry import (
+    DEFAULT_NAME,
+    DEFAULT_NAMESPACE,
+    SECRET_ENV,
+    get_or_create_registry,
+    logger,
+    validate_extra,
+)
 
 __all__ = ["RegistryClient", "peer_states_from_table"]
 
@@ -63,6 +71,7 @@ class RegistryClient:
         self.create_if_missing = create_if_missing
         self.registry_config = registry_config
         self._clock = clock
+        self._token = os.environ.get(SECRET_ENV) or None  # the deployment's registry secret, if it has one
         self._handle = None
         self._task: Optional[asyncio.Task] = None
         self.last_ok: Optional[float] = None
@@ -137,6 +146,8 @@ class RegistryClient:
             hb = dict(self.provider())
             hb.setdefault("region", self.region)
             hb.setdefault("source", self.source)
+            if self._token:
+                hb["token"] = self._token
             table = await self.call("heartbeat_batch", [hb])
         except asyncio.CancelledError:
             raise

@@ -60,6 +60,36 @@ def test_bad_items_are_skipped_not_fatal():
     assert st.rejected == 4
 
 
+def test_with_a_secret_only_heartbeats_carrying_it_are_applied():
+    secret = "s3cret-of-this-deployment"
+    st = RegistryState(clock=FakeClock(), secret=secret)
+    t = st.heartbeat_batch([hb("us", 2, token=secret), hb("eu", 5), hb("asia", 5, token="guess"),
+                            hb("mars", 1, token=secret.encode().decode() + "x")])
+    assert set(t["regions"]) == {"us"}  # a forged or unsigned heartbeat changes nothing
+    assert st.unauthenticated == 3 and st.stats()["unauthenticated"] == 3 and st.heartbeats == 1
+    assert all("GEOLB_REGISTRY_SECRET" in e for e in t["errors"])
+    assert "token" not in str(st.table())  # the secret is never relayed to peers
+    with pytest.raises(ValueError, match="at least 16"):
+        RegistryState(secret="short")
+
+
+def test_the_client_signs_its_heartbeats_from_the_environment(monkeypatch):
+    from ray_geolb.serve.registry import SECRET_ENV
+
+    monkeypatch.setenv(SECRET_ENV, "s3cret-of-this-deployment")
+    sent = []
+
+    class _Registry:
+        async def call(self, method, items):
+            sent.extend(items)
+            return {"regions": {}}
+
+    c = RegistryClient("us", "us/1", lambda: {"available_replicas": 1, "queue_len": 0}, lambda *a: None)
+    c.call = _Registry().call
+    assert asyncio.run(c.tick())
+    assert sent[0]["token"] == "s3cret-of-this-deployment" and sent[0]["source"] == "us/1"
+
+
 def test_heartbeat_extras_validated_aggregated_and_relayed():
     clk = FakeClock()
     st = RegistryState(clock=clk, fresh_s=3.0)
