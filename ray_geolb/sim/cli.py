@@ -15,6 +15,7 @@ Writes ``DIR/results.json`` (sorted keys, rounded floats: byte-identical for the
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -61,6 +62,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--heartbeat", type=float, default=None,
                     help="per-region LBs' heartbeat period through the registry (s, default 0.25: "
                          "REGION_LAYER.heartbeat_period_s)")
+    sp.add_argument("--region-layer", default=None, metavar="FIELD=VALUE[,...]",
+                    help="change REGION_LAYER fields for the per-region LBs, e.g. note_forwards=false,max_queue=64 "
+                         "(policy/region/config.py: RegionLayerSettings)")
     sp.add_argument("--data-dir", default=None, help="directory with full data files (sharegpt / wildchat / gsm8k)")
     sp.add_argument("--out", default=None, help="output directory (results.json, summary.txt, PNG)")
     g = sp.add_mutually_exclusive_group()
@@ -88,11 +92,37 @@ def _build_runs(args, parser) -> List[dict]:
     deploy_over = {k: v for k, v in (("profile", args.profile), ("stats_period_s", args.stats_period),
                                      ("stats_lag_s", args.stats_lag))
                    if v is not None and (k != "profile" or v)}
+    layer = _region_layer(args, parser)
     if args.heartbeat is not None:  # the region layer's registry heartbeat (REGION_LAYER.heartbeat_period_s)
-        deploy_over["region_layer"] = {"heartbeat_period_s": args.heartbeat}
+        layer["heartbeat_period_s"] = args.heartbeat
+    if layer:
+        deploy_over["region_layer"] = layer
     if args.scenario:
         return _scenario_runs(args, parser, seeds, deploy_over)
     return _workload_runs(args, parser, seeds, deploy_over)
+
+
+def _region_layer(args, parser) -> dict:
+    """``--region-layer f=v,...`` as RegionLayerSettings changes (values read as JSON: true, 64, 0.5;
+    else a string); an unknown field or a bad value is an argparse error."""
+    from ray_geolb.policy.region.config import REGION_LAYER, RegionLayerSettings
+
+    out: dict = {}
+    for part in (args.region_layer or "").split(","):
+        if not part.strip():
+            continue
+        k, eq, v = part.partition("=")
+        if not eq or not k.strip():
+            parser.error(f"--region-layer: {part!r} is not FIELD=VALUE")
+        try:
+            out[k.strip()] = json.loads(v)
+        except ValueError:
+            out[k.strip()] = v.strip()
+    try:
+        RegionLayerSettings.model_validate({**REGION_LAYER.model_dump(), **out})
+    except Exception as e:  # pydantic's message names the field
+        parser.error(f"--region-layer: {e}")
+    return out
 
 
 def _check_numbers(args, parser) -> None:

@@ -107,6 +107,9 @@ def test_cli_writes_json_table_and_png(tmp_path, capsys):
     (["--profile", "h200"], "unknown engine profile"),
     (["--data-dir", "/no/such/dir"], "is not a directory"),
     (["--seeds", "1,x"], "--seeds"),
+    (["--region-layer", "bogus=1"], "--region-layer"),
+    (["--region-layer", "max_queue"], "is not FIELD=VALUE"),
+    (["--region-layer", "max_queue=-1"], "max_queue"),
 ])
 def test_cli_bad_arguments_are_argparse_errors(argv, msg, capsys):
     args = _parse(argv + ["--no-progress"])
@@ -114,6 +117,19 @@ def test_cli_bad_arguments_are_argparse_errors(argv, msg, capsys):
         run_simulate(args)
     assert e.value.code == 2
     assert msg in capsys.readouterr().err
+
+
+def test_cli_changes_the_region_layer_of_every_run():
+    from ray_geolb.sim.cli import _build_runs
+    from ray_geolb.sim.scenarios import run_one
+
+    args = _parse(["--scenario", "network-hard", "--systems", "geoprefix", "--duration", "5", "--no-progress",
+                   "--region-layer", "note_forwards=false,max_queue=64", "--heartbeat", "0.5"])
+    runs = _build_runs(args, args._simulate_parser)
+    assert runs and all(r["deploy"]["region_layer"] == {"note_forwards": False, "max_queue": 64,
+                                                        "heartbeat_period_s": 0.5} for r in runs)
+    layer = run_one(runs[0])["deployment"]["region_layer"]
+    assert (layer["note_forwards"], layer["max_queue"], layer["heartbeat_period_s"]) == (False, 64, 0.5)
 
 
 def test_cli_trace_replay(tmp_path):
