@@ -103,3 +103,22 @@ def test_a_model_failure_is_a_typed_500_and_a_forwarded_one_is_not_a_dead_peer()
     from ray_geolb.serve.ingress.errors import as_http_error
 
     assert as_http_error(err, "eu") is err
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event_a_finish_reason_and_done():
+    from ray_geolb.serve.ingress.openai import sse_events
+
+    async def source():
+        yield 'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+        yield ['data: {"choices": [{"index": 0, "delta": {"content": "b"}}]}\n\n']
+        raise RuntimeError("replica died while holding: secret prompt text")
+
+    async def collect():
+        return [ev async for ev in sse_events(source(), debug=False, region="us")]
+
+    events = asyncio.run(collect())
+    assert len(events) == 5 and events[-1] == "data: [DONE]\n\n"
+    err = json.loads(events[2][len("data: "):])["error"]
+    assert err["type"] == "stream_error" and "RuntimeError" in err["message"] and "secret" not in err["message"]
+    finish = json.loads(events[3][len("data: "):])
+    assert finish["choices"][0]["finish_reason"] == "error"

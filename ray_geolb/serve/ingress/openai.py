@@ -276,23 +276,36 @@ def completion_response(meta: dict, out, stream: bool, debug: bool, *, region: s
 
 
 async def sse_events(stream: AsyncIterator, debug: bool, region: str):
-    """The server's SSE events (each item a string or a batch of them); an error after the headers
-    went out is reported in-band (``{"error": ...}``), and the stream always ends with ``[DONE]``."""
+    """The server's SSE events (each item a string or a batch of them). An error after the headers
+    went out -- the replica failed or died mid-stream -- ends the stream the way a client can parse:
+    an OpenAI-style ``{"error": ...}`` event (the error's type and message; an unexpected exception
+    is named by its type only, its text may quote the prompt), then a chunk whose choice has
+    ``finish_reason: "error"``, then ``[DONE]``. The stream always ends with ``[DONE]``."""
     done = False
     try:
         async for item in stream:
             for ev in (item if isinstance(item, list) else (item,)):
                 if not isinstance(ev, str):  # an ErrorResponse mid-stream
                     err = error_in(ev, region)
-                    ev = _error_event(err.message if err is not None else str(ev), "stream_error")
+                    yield _error_event(err.message if err is not None else "the server reported an error",
+                                       "stream_error")
+                    yield _FINISH_ERROR
+                    continue
                 done = ev.startswith("data: [DONE]")
                 yield private_sse(ev, debug)
     except Exception as e:  # noqa: BLE001 - headers are sent: report the error in-band
         err = as_http_error(e, region)
         done = False
-        yield _error_event(err.message if err is not None else f"{type(e).__name__}: {e}", "stream_error")
+        yield _error_event(err.message if err is not None else f"region {region}: the stream failed "
+                                                               f"({type(e).__name__})", "stream_error")
+        yield _FINISH_ERROR
     if not done:
         yield "data: [DONE]\n\n"
+
+
+#: the last chunk of a stream that failed: its one choice finished with reason "error"
+_FINISH_ERROR = "data: " + json.dumps({"object": "chat.completion.chunk", "choices": [
+    {"index": 0, "delta": {}, "finish_reason": "error"}]}) + "\n\n"
 
 
 def _error_event(message: str, type_: str) -> str:
