@@ -23,9 +23,11 @@ EMULATED_SERVER = "ray_geolb.serve.llm_server:EmulatedLLMServer"
 
 
 @contextlib.contextmanager
-def region_cluster(regions, prefix: str, namespace: str):
-    """Start the cluster and Serve (one proxy, on the head); yields ``(base_url, port)``."""
-    cluster = start_region_cluster(list(regions), ray_temp_dir(prefix), namespace=namespace)
+def region_cluster(regions, prefix: str, namespace: str, metrics_port=None):
+    """Start the cluster and Serve (one proxy, on the head); yields ``(base_url, port)``. With
+    ``metrics_port``, the head node (the first region) serves Prometheus metrics there."""
+    cluster = start_region_cluster(list(regions), ray_temp_dir(prefix), namespace=namespace,
+                                   metrics_export_port=metrics_port)
     try:
         port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})

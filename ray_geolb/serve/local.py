@@ -83,11 +83,12 @@ def _default_ray_temp_dir(tmp: str) -> Iterator[None]:
 
 
 def start_region_cluster(regions: List[str], tmp: Optional[str] = None, namespace: str = "geolb",
-                         num_cpus: int = 1):
+                         num_cpus: int = 1, metrics_export_port: Optional[int] = None):
     """A local multi-node Ray cluster, one node per region labelled ``ray.io/availability-region``
     (the head is the first region), with this process connected to it. ``tmp``: the cluster's temp
     dir (None: a new one from :func:`ray_temp_dir`). Returns the ``Cluster``; the caller shuts it
-    down (``ray.shutdown(); cluster.shutdown()``)."""
+    down (``ray.shutdown(); cluster.shutdown()``). ``metrics_export_port``: where the head node (the
+    first region) serves Prometheus metrics (``/metrics``); other nodes get free ports."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -96,12 +97,15 @@ def start_region_cluster(regions: List[str], tmp: Optional[str] = None, namespac
     tmp = tmp or ray_temp_dir()
     os.makedirs(tmp, exist_ok=True)
     with _default_ray_temp_dir(tmp):
-        cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args={
-            "num_cpus": num_cpus, "labels": {REGION_LABEL: regions[0]}, "include_dashboard": False,
-            "temp_dir": tmp})
+        head = {"num_cpus": num_cpus, "labels": {REGION_LABEL: regions[0]}, "include_dashboard": False,
+                "temp_dir": tmp}
+        if metrics_export_port is not None:
+            head["metrics_export_port"] = metrics_export_port
+        cluster = Cluster(initialize_head=True, shutdown_at_exit=True, head_node_args=head)
     try:
         for r in regions[1:]:
-            cluster.add_node(num_cpus=num_cpus, labels={REGION_LABEL: r})
+            extra = {"metrics_export_port": free_port()} if metrics_export_port is not None else {}
+            cluster.add_node(num_cpus=num_cpus, labels={REGION_LABEL: r}, **extra)
         ray.init(address=cluster.address, log_to_driver=False, namespace=namespace)
         cluster.wait_for_nodes()
         labels = sorted(n["Labels"].get(REGION_LABEL, "?") for n in ray.nodes() if n["Alive"])

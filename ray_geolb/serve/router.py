@@ -75,6 +75,7 @@ from ray_geolb.policy import build_policy
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.errors import RouterQueueFull, RouterWaitTimeout
+from ray_geolb.serve.metrics import MetricSink
 from ray_geolb.serve.replica_set import ReplicaSet
 from ray_geolb.serve.request_book import Entry, RequestBook, extract_prompt_text
 from ray_geolb.serve.router_options import check_kwargs, check_share, holder_share
@@ -151,6 +152,9 @@ class GeoPrefixRouter(RequestRouter):
         dep = getattr(self, "_deployment_id", None)
         key = (getattr(dep, "app_name", ""), getattr(dep, "name", ""))
         self.deployment_key = key
+        #: Prometheus metrics (serve/metrics.py): counted here, exported at most once a second
+        self.metrics = MetricSink({"deployment": key[1], "region": region or ""})
+        self._evictions_seen = 0
         _serve_pkg.register_router(key, self)
         if getattr(self, "_replicas", None):
             self._safe(self._sync, list(self._replicas.values()))
@@ -237,6 +241,7 @@ class GeoPrefixRouter(RequestRouter):
         self._update_share()
         self.replicas.sync(replicas)
         self._check_load_signal(policy_now())
+        self._flush_metrics()
         if self.book.held and self.policy.tracker.available:
             self.book.wake_head()
 
@@ -270,7 +275,10 @@ class GeoPrefixRouter(RequestRouter):
             return [candidate_replicas]
         try:
             pending_request.routing_context.should_backoff = True
-            return self._choose(candidate_replicas, pending_request)
+            t0 = time.perf_counter()
+            out = self._choose(candidate_replicas, pending_request)
+            self.metrics.observe("geolb_router_decision_seconds", time.perf_counter() - t0, self.policy_name)
+            return out
         except Exception as e:
             self.counters["internal_errors"] += 1
             self._log_error(f"choose_replicas failed, falling back to power-of-two: {e!r}")
@@ -307,16 +315,19 @@ class GeoPrefixRouter(RequestRouter):
             d = self.policy.choose(ent.req, now, None)
         if d is None:
             book.hold(ent, iid)
+            self.metrics.count("geolb_router_decisions_total", self.policy_name, "held", "no_replica_available")
             return []
         rep = self.replicas.by_id.get(d.target)
         if rep is None:
             raise RuntimeError(f"policy chose unknown replica {d.target!r}")
         book.release_head(iid, ent)
         book.reserve(ent, d, now)
+        self.metrics.count("geolb_router_decisions_total", self.policy_name, "routed", d.reason or "")
         return [[rep]]
 
     def _fallback(self, candidates, pr: PendingRequest):
         self.counters["fallback"] += 1
+        self.metrics.count("geolb_router_decisions_total", self.policy_name, "fallback", "router_error")
         pool = self.replicas.local_reps or list(candidates)
         if not pool:
             return [list(candidates)]
@@ -337,6 +348,13 @@ class GeoPrefixRouter(RequestRouter):
             target = replica_id.unique_id
             self.book.routed(pending_request, target, target in self.replicas.local_set, policy_now(),
                              self.policy_name)
+            x = self.book.inflight.get(pending_request.metadata.internal_request_id)
+            rec = self.book.decisions.get(pending_request.metadata.internal_request_id)
+            if x is not None and rec is not None:
+                self.metrics.observe("geolb_router_prefix_match_ratio",
+                                     min(1.0, (rec.get("matched") or 0) / max(1, len(x[1].text))), self.policy_name)
+            if self.metrics.due():
+                self._flush_metrics()
         except Exception as e:
             self.counters["internal_errors"] += 1
             self._log_error(f"on_request_routed failed: {e!r}")
@@ -367,6 +385,7 @@ class GeoPrefixRouter(RequestRouter):
             q = self.queue_len()
             if q >= self.queue_bound:
                 self.counters["queue_full"] += 1
+                self.metrics.count("geolb_router_rejections_total", "queue_full")
                 raise RouterQueueFull(
                     f"router queue for {self.deployment_key[1]!r}"
                     + (f" in region {self.region!r}" if self.region else "")
@@ -388,6 +407,7 @@ class GeoPrefixRouter(RequestRouter):
         except TimeoutError:
             self.book.forget(iid)
             self.counters["wait_timeout"] += 1
+            self.metrics.count("geolb_router_rejections_total", "wait_timeout")
             raise self._timeout_error(policy_now() - pending_request.created_at) from None
         except BaseException:
             self.book.forget(iid)
@@ -432,6 +452,28 @@ class GeoPrefixRouter(RequestRouter):
         ev.clear()
 
     # ------------------------------------------------------------------ utilities
+    def _flush_metrics(self) -> None:
+        """Set the gauges from the live state and export what was counted (serve/metrics.py)."""
+        try:
+            m, pol, tr = self.metrics, self.policy, self.policy.tracker
+            m.gauge("geolb_router_held", len(self.book.held))
+            m.gauge("geolb_router_queued_tokens", float(self.queued_tokens()))
+            m.gauge("geolb_router_inflight", len(self.book.inflight))
+            m.gauge("geolb_router_available_replicas", len(tr.available))
+            index = getattr(pol, "index", None)
+            if index is not None:
+                m.gauge("geolb_router_index_nodes", index.num_nodes)
+                ev = int(getattr(index, "evictions", 0))
+                if ev > self._evictions_seen:
+                    m.count("geolb_router_index_evictions_total", n=ev - self._evictions_seen)
+                    self._evictions_seen = ev
+            t_p = getattr(pol, "pooled_t_p", None)
+            if callable(t_p):
+                m.gauge("geolb_router_t_p_seconds", float(t_p()))
+            m.flush()
+        except Exception as e:  # noqa: BLE001 - metrics never fail routing
+            self._log_error(f"metrics flush failed: {e!r}")
+
     def _safe(self, fn, *args) -> None:
         try:
             fn(*args)

@@ -27,6 +27,7 @@ from ray import serve  # noqa: E402
 from region_cluster import deploy_config, region_cluster, serve_config_on_cpu, wait_for_peers  # noqa: E402
 
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
+from ray_geolb.serve.local import free_port  # noqa: E402
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE  # noqa: E402
 from repo import REPO  # noqa: E402
 
@@ -39,9 +40,13 @@ ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}  # the operator: debug headers and the state
 MODEL = "llama-3.1-8b"  # the model id of examples/serve_three_regions.yaml
 
 
+#: where the head node (region us) serves Prometheus metrics
+METRICS_PORT = free_port()
+
+
 @pytest.fixture(scope="module")
 def geo():
-    with region_cluster(REGIONS, "geolb_mr_", "geolb_test_mr") as (base, port):
+    with region_cluster(REGIONS, "geolb_mr_", "geolb_test_mr", metrics_port=METRICS_PORT) as (base, port):
         cfg = serve_config_on_cpu(
             "examples/serve_three_regions.yaml", port,
             engine={"time_scale": 1.0, "output_tokens": 16, "engine_overrides": {"max_num_seqs": 2}},
@@ -495,7 +500,9 @@ def test_byte_guessing_attack_learns_nothing(geo):
     # the operator's view: the matched length singles out the secret digit
     seen = attack(known_text("operator"), "7", ADMIN)
     matched = {g: int(h["x-geolb-matched-prefix"]) for g, (h, *_rest) in seen.items()}
-    assert max(matched, key=matched.get) == "7" and matched["7"] >= boundary > max(
+    # (the figure is GeoPrefix's age-discounted estimate: a match a second old reads a few characters
+    # short of the block end, hence the small allowance)
+    assert max(matched, key=matched.get) == "7" and matched["7"] >= boundary - 8 > max(
         v for g, v in matched.items() if g != "7"), matched
     # a client's view: ten identical answers
     seen = attack(known_text("client"), "3", {})
@@ -556,3 +563,57 @@ def test_overloaded_region_is_served_by_a_peers_llmserver(geo):
     assert after[peer]["counters"]["forwarded_in"] == before[peer]["counters"]["forwarded_in"] + 1
     assert after[peer]["router"]["counters"]["routed"] >= before[peer]["router"]["counters"]["routed"] + 1
     assert after[peer]["router"]["policy"] == "geoprefix"
+
+
+# ---------------------------------------------------------------------------------------------- metrics
+def scrape(port: int) -> dict:
+    """``{(name, frozenset(labels)): value}`` of the ray_geolb samples on a node's /metrics."""
+    import re
+    import urllib.request
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(ray_geolb_\w+)\{(.*)\} ([0-9.eE+-]+|NaN)$", line)
+        if m:
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m.group(2)))
+            out[(m.group(1), labels)] = float(m.group(3))
+    return out
+
+
+def value(samples, name, **labels):
+    """The sum of ``name``'s samples whose labels include ``labels`` (None if there is none)."""
+    want = set(labels.items())
+    vals = [v for (n, lab), v in samples.items() if n == name and want <= lab]
+    return sum(vals) if vals else None
+
+
+def test_prometheus_metrics_after_traffic(geo):
+    """The router's and the ingress's metrics reach Ray's Prometheus endpoint on the us node with
+    sensible values after traffic (exported at most once a second, scraped by Ray every few seconds)."""
+    asyncio.run(wait_idle(geo))
+    rs = asyncio.run(burst(geo, "us", [chat(f"metrics question {i} " + "with some context " * 20) for i in range(6)]))
+    assert all(r.status_code == 200 for r in rs)
+    deadline = time.time() + 60
+    while True:
+        s = scrape(METRICS_PORT)
+        got = {
+            "routed": value(s, "ray_geolb_router_decisions_total", region="us", route="routed"),
+            "local": value(s, "ray_geolb_ingress_requests_total", region="us", route="local"),
+            "latency": value(s, "ray_geolb_router_decision_seconds_count", region="us"),
+            "rtt_eu": value(s, "ray_geolb_peer_rtt_seconds", region="us", peer="eu"),
+            "hb_age": value(s, "ray_geolb_registry_heartbeat_age_seconds", region="us"),
+            "nodes": value(s, "ray_geolb_router_index_nodes", region="us"),
+            "forwards": value(s, "ray_geolb_forwards_total", src="us"),
+        }
+        if all(got[k] is not None for k in ("routed", "local", "latency", "rtt_eu", "hb_age", "nodes")) \
+                and got["local"] >= 6:
+            break
+        assert time.time() < deadline, got
+        time.sleep(2)
+    assert got["routed"] >= 6  # each of them was routed by the policy
+    assert got["latency"] >= 6
+    assert 0 < got["rtt_eu"] < 5 and 0 <= got["hb_age"] < 10 and got["nodes"] >= 1
+    assert got["forwards"] is None or got["forwards"] >= 1  # earlier tests forwarded us -> peers
+    bad = [k for k, v in s.items() if v != v or v < 0]  # NaN or negative
+    assert not bad, bad[:5]

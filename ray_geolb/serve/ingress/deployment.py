@@ -59,9 +59,12 @@ class RegionIngress:
         except GeoHTTPError as e:
             if e.status == 400:
                 self.path.note_bad_request()
+            self.path.note_rejection(e)
             return e.response({HEADER_PREFIX + "origin": self.region})
         except Exception as e:  # noqa: BLE001 - an OpenAI-style JSON 500, never a bare one
-            return self.path.server_error(e).response({HEADER_PREFIX + "origin": self.region})
+            err = self.path.server_error(e)
+            self.path.note_rejection(err)
+            return err.response({HEADER_PREFIX + "origin": self.region})
         try:
             return completion_response(meta, out, ctx.stream, debug, region=self.region)
         except BaseException:

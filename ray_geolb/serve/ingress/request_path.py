@@ -36,6 +36,7 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.canonical import canonical_text
 from ray_geolb.policy.region import CostSelector, RegionDecision, RegionRouter
 from ray_geolb.serve.clock import policy_now
+from ray_geolb.serve.metrics import FLUSH_S, MetricSink
 
 from .admission import AdmissionQueue
 from .config import IngressConfig
@@ -89,10 +90,48 @@ class RequestPath:
         self.peers = PeerMesh(cfg, source or _replica_source(self.region), self.router, self.local_report,
                               self.admission.kick_all, clock=_now)
         self.counts = {k: 0 for k in COUNTERS if k not in self.admission.counts}
+        #: Prometheus metrics (serve/metrics.py), exported once a second by :meth:`start`'s task
+        self.metrics = MetricSink({"region": self.region})
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
 
     def start(self) -> None:
         self.peers.start()
+        self._metrics_task = asyncio.get_running_loop().create_task(self._metrics_loop())
+
+    async def _metrics_loop(self) -> None:
+        """Once a second: the gauges from the live state, and the counts exported (serve/metrics.py)."""
+        while True:
+            await asyncio.sleep(FLUSH_S)
+            try:
+                self.update_gauges()
+                self.metrics.flush()
+            except Exception as e:  # noqa: BLE001 - metrics never stop the ingress
+                logger.debug("region %s: metrics: %r", self.region, e)
+
+    def update_gauges(self) -> None:
+        m, now = self.metrics, _now()
+        m.gauge("geolb_ingress_queue", len(self.admission))
+        for peer, ps in self.router.peers.items():
+            m.gauge("geolb_peer_available_replicas", ps.available_replicas, peer)
+            if math.isfinite(ps.timestamp):
+                m.gauge("geolb_peer_age_seconds", max(0.0, now - ps.timestamp), peer)
+        for peer, rtt in self.router.measured_rtts().items():
+            m.gauge("geolb_peer_rtt_seconds", rtt, peer)
+        reg = self.peers.registry
+        if reg is not None and reg.last_ok is not None:
+            m.gauge("geolb_registry_heartbeat_age_seconds", max(0.0, now - reg.last_ok))
+
+    def note_outcome(self, route: str, reason: str) -> None:
+        """One request's layer-1 outcome, for the metrics (``geolb_ingress_requests_total``)."""
+        self.metrics.count("geolb_ingress_requests_total", route, reason or "")
+
+    def note_rejection(self, err: GeoHTTPError) -> None:
+        """A request answered with an error status (``geolb_ingress_rejections_total`` by its type)."""
+        if err.status in (400, 404, 413):
+            reason = "bad_request"
+        else:
+            reason = err.type or str(err.status)
+        self.metrics.count("geolb_ingress_rejections_total", reason)
 
     @property
     def counters(self) -> dict:
@@ -209,11 +248,15 @@ class RequestPath:
             wait_ms = ctx.waited_ms + (_now() - t0) * 1000.0
             if d.kind == "reject":
                 self.counts["rejected"] += 1
+                self.note_outcome("rejected", d.reason)
                 raise GeoHTTPError(403, f"region {self.region} cannot serve this request: {d.reason}",
                                    type_="region_not_allowed", param="allowed_regions", region=self.region)
             if d.kind == "local":
                 self.counts["local"] += 1
+                self.note_outcome("local" if ctx.hops == 0 else "served_for_peer", d.reason)
                 return await self._run_local(ctx, d, wait_ms, rreq)
+            self.note_outcome("forwarded", d.reason)
+            self.metrics.count("geolb_forwards_total", self.region, d.target)
             try:
                 return await self._forward(ctx, rreq, d, wait_ms)
             except ForwardFailed as e:
