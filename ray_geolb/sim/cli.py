@@ -64,6 +64,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                          "REGION_LAYER.heartbeat_period_s)")
     sp.add_argument("--region-layer", default=None, metavar="FIELD=VALUE[,...]",
                     help="change REGION_LAYER fields for the per-region LBs, e.g. note_forwards=false,max_queue=64 "
+                         "or a dotted path into a dict field: peer_selectors.geoprefix.cost.margin_s=0.1 "
                          "(policy/region/config.py: RegionLayerSettings)")
     sp.add_argument("--data-dir", default=None, help="directory with full data files (sharegpt / wildchat / gsm8k)")
     sp.add_argument("--out", default=None, help="output directory (results.json, summary.txt, PNG)")
@@ -105,9 +106,10 @@ def _build_runs(args, parser) -> List[dict]:
 def _region_layer(args, parser) -> dict:
     """``--region-layer f=v,...`` as RegionLayerSettings changes (values read as JSON: true, 64, 0.5;
     else a string); an unknown field or a bad value is an argparse error."""
-    from ray_geolb.policy.region.config import REGION_LAYER, RegionLayerSettings
+    from ray_geolb.policy.region.config import REGION_LAYER, RegionLayerSettings, TwoLayerConfig
 
     out: dict = {}
+    base = REGION_LAYER.model_dump()
     for part in (args.region_layer or "").split(","):
         if not part.strip():
             continue
@@ -115,11 +117,26 @@ def _region_layer(args, parser) -> dict:
         if not eq or not k.strip():
             parser.error(f"--region-layer: {part!r} is not FIELD=VALUE")
         try:
-            out[k.strip()] = json.loads(v)
+            val = json.loads(v)
         except ValueError:
-            out[k.strip()] = v.strip()
+            val = v.strip()
+        path = k.strip().split(".")
+        if len(path) == 1:
+            out[path[0]] = val
+            continue
+        # a dotted path into a dict field, e.g. peer_selectors.geoprefix.cost.forwards_cap_peers=false
+        node = out.setdefault(path[0], base.get(path[0]))
+        if not isinstance(node, dict):
+            parser.error(f"--region-layer: {path[0]!r} is not a dict field")
+        for key in path[1:-1]:
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                parser.error(f"--region-layer: {k.strip()!r} does not name a dict entry")
+        node[path[-1]] = val
     try:
-        RegionLayerSettings.model_validate({**REGION_LAYER.model_dump(), **out})
+        settings = RegionLayerSettings.model_validate({**REGION_LAYER.model_dump(), **out})
+        for policy in settings.peer_selectors:  # each selector's fields, as the LBs will build them
+            TwoLayerConfig.model_validate({"region": "x", **settings.two_layer(policy)})
     except Exception as e:  # pydantic's message names the field
         parser.error(f"--region-layer: {e}")
     return out

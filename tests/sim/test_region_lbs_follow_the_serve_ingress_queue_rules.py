@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from ray_geolb.policy.base import RouteRequest
-from ray_geolb.policy.region import REGION_LAYER
+from ray_geolb.policy.region import GEOPREFIX_COST, REGION_LAYER
 from ray_geolb.sim.deploy import deployment_for
 from ray_geolb.sim.metrics import summarize
 from ray_geolb.sim.simulator import SimConfig, Simulator
@@ -59,6 +59,24 @@ def test_each_forward_counts_in_the_peers_queue_until_the_next_peer_table():
     # without the accounting a burst herds onto one peer within one table's period
     _sim, _res, events = _run(region_layer={"note_forwards": False})
     assert max(max(c.values(), default=0) for _r, c in _forwards_per_table(events)) > tau + 1
+
+
+def test_geoprefix_prices_its_forwards_itself_and_is_not_capped_by_the_count():
+    """GeoPrefix's cost selector counts the forwards since each heartbeat in its remote-queue and in-flight
+    terms (``CostSelectorConfig.forwards_cap_peers=False``), so the per-forward count no longer caps it at
+    tau + 1 per table; switched back on, the same run is capped as SkyLB is."""
+    sim, _res, events = _run("geoprefix")
+    tau = sim.lbs["us"].router.config.tau
+    assert sim.lbs["us"].router.selector.config.forwards_cap_peers is False
+    per_table = [n for _r, c in _forwards_per_table(events) for n in c.values()]
+    assert per_table and max(per_table) > tau + 1, per_table
+    capped = {"geoprefix": {"remote": "cost", "cost": dict(GEOPREFIX_COST, forwards_cap_peers=True)}}
+    _sim, _res, events = _run("geoprefix", region_layer={"peer_selectors": {**REGION_LAYER.peer_selectors, **capped}})
+    intervals = _forwards_per_table(events)
+    assert sum(sum(c.values()) for _r, c in intervals) > 0
+    for reported, count in intervals:
+        for peer, n in count.items():
+            assert n <= max(0, tau + 1 - reported[peer]), (peer, n, reported)
 
 
 def test_requests_behind_waiting_ones_are_forwarded_with_the_real_number_ahead():

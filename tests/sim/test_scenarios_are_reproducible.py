@@ -110,6 +110,8 @@ def test_cli_writes_json_table_and_png(tmp_path, capsys):
     (["--region-layer", "bogus=1"], "--region-layer"),
     (["--region-layer", "max_queue"], "is not FIELD=VALUE"),
     (["--region-layer", "max_queue=-1"], "max_queue"),
+    (["--region-layer", "max_queue.x=1"], "is not a dict field"),
+    (["--region-layer", "peer_selectors.geoprefix.cost.bogus=1"], "bogus"),
 ])
 def test_cli_bad_arguments_are_argparse_errors(argv, msg, capsys):
     args = _parse(argv + ["--no-progress"])
@@ -130,6 +132,23 @@ def test_cli_changes_the_region_layer_of_every_run():
                                                         "heartbeat_period_s": 0.5} for r in runs)
     layer = run_one(runs[0])["deployment"]["region_layer"]
     assert (layer["note_forwards"], layer["max_queue"], layer["heartbeat_period_s"]) == (False, 64, 0.5)
+
+
+def test_cli_region_layer_takes_a_dotted_path_into_a_selector():
+    from ray_geolb.policy.region import REGION_LAYER
+    from ray_geolb.sim.cli import _build_runs
+    from ray_geolb.sim.scenarios import run_one
+
+    args = _parse(["--scenario", "network-hard", "--systems", "geoprefix", "--duration", "5", "--no-progress",
+                   "--region-layer", "peer_selectors.geoprefix.cost.forwards_cap_peers=true,max_queue=64"])
+    runs = _build_runs(args, args._simulate_parser)
+    sel = runs[0]["deploy"]["region_layer"]["peer_selectors"]
+    assert sel["geoprefix"]["cost"]["forwards_cap_peers"] is True
+    assert runs[0]["deploy"]["region_layer"]["max_queue"] == 64
+    assert sel["gorgo"] == REGION_LAYER.peer_selectors["gorgo"]  # the other selectors as shipped
+    assert REGION_LAYER.peer_selectors["geoprefix"]["cost"]["forwards_cap_peers"] is False  # REGION_LAYER untouched
+    layer = run_one(runs[0])["deployment"]["region_layer"]
+    assert layer["peer_selectors"]["geoprefix"]["cost"]["forwards_cap_peers"] is True
 
 
 def test_cli_trace_replay(tmp_path):

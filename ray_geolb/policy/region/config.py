@@ -44,12 +44,17 @@ class CostSelectorConfig(_Strict):
     drain_window_s: float = Field(10.0, gt=0.0, allow_inf_nan=False,
                                   description="window of the local drain-rate estimate (stay_slot_wait)")
     drain_min_samples: int = Field(4, ge=2, description="completions in the window the drain rate needs (else unknown)")
+    forwards_cap_peers: bool = Field(
+        True, description="a forward RegionRouter.note_forward counts in a peer's queue also counts against that "
+                          "peer's tau (availability) until its next heartbeat; False: this selector's own "
+                          "forwarded-since-heartbeat accounting (Q_fwd in the remote queue, the in-flight count) "
+                          "prices those forwards and availability reads the heartbeat's queue (no double counting)")
     ttft: TtftModelConfig = TtftModelConfig()
 
 
 GORGO_COST = {"remote_queue": False}
 GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
-                  "w_shared": 1.0, "stay_slot_wait": True}
+                  "w_shared": 1.0, "stay_slot_wait": True, "forwards_cap_peers": False}
 
 
 class RegionLayerSettings(_Strict):

@@ -194,7 +194,7 @@ class CostSelector(PeerSelector):
         ex = p.extra or {}
         qtok = ex.get("queued_tokens")
         q = (float(qtok) if isinstance(qtok, (int, float)) and qtok >= 0
-             else p.queue_len * self._mean_prompt(router, req))
+             else (p.queue_len if cfg.forwards_cap_peers else p.reported_queue_len) * self._mean_prompt(router, req))
         sent = [tok for (t, tok) in self._fwd.get(region, ()) if t > p.timestamp]
         q += sum(sent[max(0, p.available_replicas):])
         reps = ex.get("replicas")

@@ -64,6 +64,13 @@ class PeerState:
     timestamp: float
     rtt_s: Optional[float] = None
     extra: Dict = field(default_factory=dict)
+    #: forwards this LB counted in ``queue_len`` since the heartbeat (``RegionRouter.note_forward``)
+    noted: int = 0
+
+    @property
+    def reported_queue_len(self) -> int:
+        """The LB queue the peer's heartbeat reported (without this LB's noted forwards)."""
+        return max(0, self.queue_len - self.noted)
 
 
 @dataclass
@@ -119,10 +126,14 @@ class RegionRouter:
     def note_forward(self, region: str) -> None:
         """Count one forward in ``region``'s LB queue until its next heartbeat replaces the entry
         (optimistic; the Serve ingress calls it after each forward so that a burst stops going to a
-        peer after ~tau forwards per heartbeat period instead of herding there)."""
+        peer after ~tau forwards per heartbeat period instead of herding there). With the 'cost'
+        selector and ``CostSelectorConfig.forwards_cap_peers=False`` the count does not enter the
+        peer's availability: that selector already prices each forward since the heartbeat (its
+        ``on_forward``), and counting it twice capped its forwards at tau + 1 per table."""
         ps = self.peers.get(region)
         if ps is not None:
             ps.queue_len += 1
+            ps.noted += 1
 
     def mark_unreachable(self, region: str) -> None:
         """A forward to ``region`` failed: no available replica there until its next heartbeat."""
@@ -169,13 +180,15 @@ class RegionRouter:
         if req is not None:
             self._apply_tenant(req)
         allowed = req.allowed_regions if req is not None else None
+        # the 'cost' selector may price the forwards since each heartbeat itself (CostSelectorConfig.forwards_cap_peers)
+        own = self.selector is not None and not self.selector.config.forwards_cap_peers
         out = []
         for r, s in self.peers.items():
             if allowed is not None and r not in allowed:
                 continue
             if now - s.timestamp > cfg.peer_stale_s:
                 continue
-            if s.available_replicas >= 1 and s.queue_len <= cfg.tau:
+            if s.available_replicas >= 1 and (s.reported_queue_len if own else s.queue_len) <= cfg.tau:
                 out.append(r)
         return out
 

@@ -228,3 +228,37 @@ def test_on_local_complete_without_the_cost_selector_is_a_no_op():
     r = region(remote="prefix")
     assert r.selector is None
     r.on_local_complete(1.0)  # nothing to feed, nothing raised
+
+
+@pytest.mark.parametrize("cap", [True, False])
+def test_noted_forwards_cap_a_peer_only_where_the_cost_selector_does_not_price_them(cap):
+    """``note_forward`` (what the Serve ingress and the simulator call after each forward) counts in the peer's
+    queue either way; with ``forwards_cap_peers=False`` (GeoPrefix) it no longer makes the peer unavailable
+    after tau + 1 forwards: the selector's own forwards-since-heartbeat term prices them instead, and that
+    term still grows with every forward (no double counting, no blind herding)."""
+    r = region(remote="cost", cost=dict(GEOPREFIX_COST, forwards_cap_peers=cap), tau=2)
+    fill(r)
+    r.set_queue(0, 0)
+    r.update_peer(PeerState("eu", 1, 0, 1.0, rtt_s=0.1, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    waits = []
+    for i in range(4):  # tau + 2 forwards within one heartbeat period
+        assert r.available_peers(1.1) == ["eu"], i
+        req = rq(i, "f%d" % i * 1000)
+        waits.append(r.selector.remote_wait(r, req, "eu", 1.0))
+        r.on_forward(req, "eu", 1.1)
+        r.note_forward("eu")
+        if cap and i == 2:
+            break
+    assert r.peers["eu"].queue_len == r.peers["eu"].noted == len(waits)
+    assert r.peers["eu"].reported_queue_len == 0
+    assert r.available_peers(1.1) == ([] if cap else ["eu"])
+    assert waits[1] == waits[0] and waits[2] > waits[1]  # the first forward took the free replica, then they queue
+    if not cap:
+        assert waits[3] > waits[2]
+    r.update_peer(PeerState("eu", 1, 0, 2.0, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    assert r.available_peers(2.1) == ["eu"] and r.peers["eu"].noted == 0
+
+
+def test_geoprefix_prices_its_forwards_and_gorgo_lets_note_forward_cap_them():
+    assert CostSelectorConfig(**GEOPREFIX_COST).forwards_cap_peers is False
+    assert CostSelectorConfig(**GORGO_COST).forwards_cap_peers is True  # GORGO's cost has no remote queue term
