@@ -49,6 +49,14 @@ class CostSelectorConfig(_Strict):
                           "peer's tau (availability) until its next heartbeat; False: this selector's own "
                           "forwarded-since-heartbeat accounting (Q_fwd in the remote queue, the in-flight count) "
                           "prices those forwards and availability reads the heartbeat's queue (no double counting)")
+    forward_before_saturation: bool = Field(
+        False, description="also price a forward when a local replica IS available (layer 1 by expected TTFT, "
+                           "issue 13): forward when the best peer is cheaper than staying by forward_margin_s")
+    forward_margin_s: float = Field(0.25, ge=0.0, allow_inf_nan=False,
+                                    description="saving (s of expected TTFT) a forward before saturation needs")
+    forward_hysteresis: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False,
+                                      description="while forwarding to a peer before saturation, keep doing so "
+                                                  "while the saving exceeds this fraction of forward_margin_s")
     ttft: TtftModelConfig = TtftModelConfig()
 
 

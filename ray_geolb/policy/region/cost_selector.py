@@ -58,6 +58,18 @@ slots free) and ``ahead`` the requests waiting before this one at this LB (``Reg
 window) there is no term. ``GEOPREFIX_COST`` sets it; ``GORGO_COST`` does not (GORGO has no such
 term). The simulator and the Serve ingress both feed the same hook. What ``w_shared`` and the slot
 wait measured when they were added: ``benchmarks/RESULTS.md`` section 8.
+
+**Before saturation** (``forward_before_saturation``, off by default; issue 13 item 1): the router also
+asks the selector when a local replica *is* available (:meth:`CostSelector.select_before_saturation`):
+the same stay and peer prices, a forward only when it saves more than ``forward_margin_s`` (a peer
+already forwarded to keeps being chosen while it saves more than ``forward_hysteresis`` × the margin),
+ties local, the hop limit, residency and the registry's availability as on the saturated path.
+
+**Forwards counted once** (``forwards_cap_peers``): ``RegionRouter.note_forward`` counts each forward in
+the peer's queue until its next heartbeat, which caps a peer at tau + 1 forwards per peer table. This
+selector already prices those forwards (``Q_fwd`` and the in-flight count), so ``GEOPREFIX_COST`` sets
+``forwards_cap_peers=False``: availability reads the heartbeat's queue and the price does the capping.
+``GORGO_COST`` (no remote-queue term) keeps the cap.
 """
 
 from __future__ import annotations
@@ -94,6 +106,8 @@ class CostSelector(PeerSelector):
         self.last_costs: Dict[Optional[str], float] = {}
         self.last_rtts: Dict[str, float] = {}  # the RTTs the last peer comparison used
         self.last_slot_wait_s = 0.0  # the slot-wait term (before q̂) of the last stay cost
+        self._engaged: set = set()  # peers forwarded to before saturation (forward_before_saturation's hysteresis)
+        self.presaturation_forwards = 0
 
     # ------------------------------------------------------------ inputs
     def on_forward(self, req, region: str, now: float) -> None:
@@ -108,6 +122,7 @@ class CostSelector(PeerSelector):
 
     def forget(self, region: str) -> None:
         self._fwd.pop(region, None)
+        self._engaged.discard(region)
 
     # ------------------------------------------------------------ estimates
     def local_t_p(self, router) -> float:
@@ -249,6 +264,41 @@ class CostSelector(PeerSelector):
         if stay is not None and stay <= costs[best]:
             return None, 0, "stay_cheaper"
         return best, raw.get(best, 0) if best in hits else 0, "cost"
+
+    def costs_before_saturation(self, router, req, peers: List[str], now: float):
+        """(stay cost or None, peer -> cost, raw matches, discounted matches); no state changes."""
+        stay = self.local_cost(router, req, now, all(
+            isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers))
+        if stay is None:
+            return None, {}, {}, {}
+        costs, raw, hits = self.peer_costs(router, req, peers, now)
+        return stay, costs, raw, hits
+
+    def select_before_saturation(self, router, req, peers: List[str], now: float) -> Selection:
+        """A local replica is available (``forward_before_saturation``): forward only when the best peer's
+        expected TTFT is below staying's by the margin. Staying prices the local expected TTFT (queued tokens
+        ahead over the replicas, residual prefill at the best local match, its slowdown of the batch);
+        a peer its RTT plus its expected TTFT (its queue, the forwards since its heartbeat, its match).
+        Hysteresis (a Schmitt trigger per peer): a peer is engaged when the saving exceeds
+        ``forward_margin_s`` and released when it falls below ``forward_hysteresis`` × the margin, so a
+        region does not flip between forwarding and staying on every request. Ties stay local."""
+        cfg = self.config
+        stay, costs, raw, hits = self.costs_before_saturation(router, req, peers, now)
+        if stay is None:  # staying is not allowed (residency): the saturated path decides
+            return None, 0, "local_available"
+        best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))
+        saving = stay - costs[best]
+        engaged = self._engaged
+        for r in list(engaged):  # release peers whose saving fell below the lower threshold
+            if r not in costs or stay - costs[r] < cfg.forward_hysteresis * cfg.forward_margin_s:
+                engaged.discard(r)
+        self.last_costs = dict(costs)
+        self.last_costs[None] = stay
+        if saving > 0 and (saving > cfg.forward_margin_s or best in engaged):
+            engaged.add(best)
+            self.presaturation_forwards += 1
+            return best, raw.get(best, 0) if best in hits else 0, "cost_before_saturation"
+        return None, 0, "local_available"
 
     def heartbeat_extra(self, router, queued_tokens: Optional[float]) -> dict:
         ex = {"replicas": len(router.local.targets), "t_p_s": self.local_t_p(router),

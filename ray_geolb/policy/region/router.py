@@ -213,6 +213,14 @@ class RegionRouter:
         if local_ok:
             d = self.local.choose(req, now, candidates)
             if d is not None:
+                sel = self.selector
+                if (sel is not None and sel.config.forward_before_saturation and req.hops < self.config.max_hops
+                        and self.peers):
+                    peers = self.available_peers(now, req)
+                    if peers:
+                        region, matched, reason = sel.select_before_saturation(self, req, peers, now)
+                        if region is not None:
+                            return RegionDecision("forward", region, matched, reason)
                 return RegionDecision("local", d.target, d.matched, d.reason)
         if req.hops >= self.config.max_hops:
             if local_ok:

@@ -262,3 +262,50 @@ def test_noted_forwards_cap_a_peer_only_where_the_cost_selector_does_not_price_t
 def test_geoprefix_prices_its_forwards_and_gorgo_lets_note_forward_cap_them():
     assert CostSelectorConfig(**GEOPREFIX_COST).forwards_cap_peers is False
     assert CostSelectorConfig(**GORGO_COST).forwards_cap_peers is True  # GORGO's cost has no remote queue term
+
+
+def _before_saturation(**cost):
+    r = region(remote="cost", cost={**GEOPREFIX_COST, "forward_before_saturation": True, "forward_margin_s": 0.25,
+                                    "forward_hysteresis": 0.5, **cost})
+    r.set_queue(0, 0)
+    req = rq(0, P + "tail" * 100)  # 2448 chars = 612 tokens; eu was sent the 2048-char prefix
+    r.snapshot.insert(req.prepared_for(r.snapshot), "eu", 1.0)
+    return r, req
+
+
+def _at_saving(r, req, saving, now):
+    """Give eu the RTT that makes forwarding ``saving`` seconds cheaper than staying, and decide."""
+    r.update_peer(PeerState("eu", 2, 0, now, rtt_s=0.0, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    stay, costs, _raw, _hits = r.selector.costs_before_saturation(r, req, ["eu"], now)  # at RTT 0, no state change
+    r.update_peer(PeerState("eu", 2, 0, now + 1e-6, rtt_s=stay - costs["eu"] - saving,
+                            extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    return r.decide(req, now + 1e-6)
+
+
+def test_layer1_forwards_before_saturation_only_past_the_margin_with_hysteresis():
+    r, req = _before_saturation()
+    assert r.local.tracker.available  # a local replica is free: SkyLB's layer 1 would stay
+    r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.0, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    stay, costs, _raw, hits = r.selector.costs_before_saturation(r, req, ["eu"], 1.0)
+    assert stay - costs["eu"] > 0.4 and hits["eu"] > 0, (stay, costs)  # eu's match is worth > 0.4 s at RTT 0
+    steps = [(0.2, "local"), (0.4, "forward"), (0.2, "forward"), (0.05, "local"), (0.2, "local"), (0.3, "forward")]
+    got = [_at_saving(r, req, s, 2.0 + i).kind for i, (s, _k) in enumerate(steps)]
+    assert got == [k for _s, k in steps]  # enter above 0.25, stay engaged above 0.125, release below
+    d = _at_saving(r, req, 0.4, 10.0)
+    assert (d.kind, d.target, d.reason) == ("forward", "eu", "cost_before_saturation") and d.matched > 0
+
+
+def test_before_saturation_ties_stay_local_and_the_flag_and_hop_limit_are_respected():
+    r, req = _before_saturation(forward_margin_s=0.0)
+    assert _at_saving(r, req, 0.0, 2.0).kind == "local"  # a tie stays local even with no margin
+    assert _at_saving(r, req, 0.05, 3.0).kind == "forward"
+    off, req2 = _before_saturation()
+    off.selector.config = off.selector.config.model_copy(update={"forward_before_saturation": False})
+    assert _at_saving(off, req2, 0.5, 2.0).kind == "local"  # off (the shipped default): SkyLB's layer 1
+    assert CostSelectorConfig().forward_before_saturation is False
+    r, req = _before_saturation()
+    req.hops = 1  # already forwarded once: never again
+    assert _at_saving(r, req, 0.5, 2.0).kind == "local"
+    r, req = _before_saturation()
+    req.allowed_regions = frozenset({"us"})  # residency: eu is not a candidate
+    assert _at_saving(r, req, 0.5, 2.0).kind == "local"
