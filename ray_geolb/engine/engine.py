@@ -70,7 +70,7 @@ from typing import Optional, Sequence
 from .admission import request_fits
 from .profiles import ADMISSION_FIELDS, EngineProfile, check_admission, get_profile
 
-__all__ = ["EngineConfig", "EngineRequest", "EngineModel", "StepOutput", "request_fits"]
+__all__ = ["EngineConfig", "EngineRequest", "EngineModel", "RequestTiming", "StepOutput", "request_fits"]
 
 _PENDING, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 
@@ -138,12 +138,27 @@ class StepOutput:
     preempted: list = field(default_factory=list)
     num_prefill_tokens: int = 0
     num_decode_seqs: int = 0
+    #: one ``RequestTiming`` per request in ``first_tokens`` (vLLM's per-request queued/prefill intervals)
+    timings: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """vLLM v1's per-request intervals (``FinishedRequestStats``): ``queued_s`` = first QUEUED (the request
+    reached the scheduler's waiting queue, after ``ttft_overhead_s``) -> first SCHEDULED; ``prefill_s`` =
+    first SCHEDULED -> first token (chunks and preemptions during prefill included); ``uncached_tokens`` =
+    prompt tokens minus the prefix-cache hit at the first scheduling (vLLM's ``num_cached_tokens``)."""
+
+    request_id: str
+    uncached_tokens: int
+    queued_s: float
+    prefill_s: float
 
 
 class _Seq:
     __slots__ = ("id", "prompt", "max_out", "hashes", "num_tokens", "num_computed",
                  "num_output", "num_blocks", "hashed", "next_hash", "sched", "status",
-                 "arrival", "ready", "resumed", "max_new")
+                 "arrival", "ready", "resumed", "max_new", "sched_ts", "uncached")
 
     def __init__(self, rid: str, prompt: int, max_out: int, hashes: list, arrival: float,
                  ready: float) -> None:
@@ -162,6 +177,8 @@ class _Seq:
         self.arrival = arrival
         self.ready = ready
         self.resumed = False
+        self.sched_ts = -1.0  # first SCHEDULED (engine time); -1 = never scheduled
+        self.uncached = prompt  # prompt tokens not in the prefix cache at the first scheduling
 
 
 class EngineModel:
@@ -447,6 +464,9 @@ class EngineModel:
             if not s.resumed:
                 self._q_tokens += s.prompt
                 self._hit_tokens += computed
+            if s.sched_ts < 0.0:
+                s.sched_ts = self._now
+                s.uncached = s.prompt - computed
             s.status = _RUNNING
             running.append(s)
             s.sched = n
@@ -486,6 +506,7 @@ class EngineModel:
         decodes = 0
         ctx = 0
         first = []
+        first_seqs = []
         tokens = []
         finished = []
         caching = self._caching
@@ -509,6 +530,7 @@ class EngineModel:
                 tokens.append(rid)
                 if o == 1:
                     first.append(rid)
+                    first_seqs.append(s)
                 if o >= s.max_out:
                     finished.append(rid)
                     s.status = _DONE
@@ -522,7 +544,12 @@ class EngineModel:
             self._num_finished += len(finished)
         self._num_steps += 1
         dur = self._base + self._p_pre * prefill + self._p_dec * decodes + self._p_ctx * ctx
-        return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes)
+        timings = []
+        if first_seqs:
+            t_first = self._now + dur
+            timings = [RequestTiming(s.id, s.uncached, max(0.0, s.sched_ts - s.ready), t_first - s.sched_ts)
+                       for s in first_seqs]
+        return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes, timings)
 
     def _decode_step(self, running: list) -> StepOutput:
         """One iteration when every running request decodes and nothing waits (the common case).
