@@ -187,3 +187,44 @@ def test_vllm_path_reports_an_idle_engine_as_idle():
     lg.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=float("nan")), None)
     assert lg.bad_records == 1 and sp.latest_stats()["num_waiting"] == 1  # the bad record was dropped
     sp.reset_stats()
+
+
+def test_stock_llmserver_reports_no_load_and_the_router_says_so(llm_app):
+    """Ray Serve LLM's stock ``record_routing_stats`` (here over the emulated engine:
+    ``StockStatsLLMServer`` changes nothing else) carries no load figures, so selective pushing would
+    run blind: GeoPrefixRouter names each such replica in a warning once and counts it. The router
+    runs in this process (the handle's), so its counters are read directly."""
+    import asyncio
+
+    from ray.serve.llm import build_llm_deployment
+
+    from ray_geolb.serve.llm_server import emulated_llm_config, llm_protocol
+    from ray_geolb.serve.router import GeoPrefixRouter
+
+    cfg = emulated_llm_config("emu-stock", num_replicas=2, server_cls="StockStatsLLMServer",
+                              router_kwargs={"policy": "skylb", "load_signal_grace_s": 1.0},
+                              time_scale=0.01, output_tokens=2)
+    handle = serve.run(build_llm_deployment(cfg), name="stock", route_prefix=None)
+    req = llm_protocol().ChatCompletionRequest.model_validate(
+        {"model": "emu-stock", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+
+    async def one():
+        gen = handle.options(stream=True).chat.remote(req, None)
+        return await gen.__anext__()
+
+    try:
+        deadline = time.time() + 30
+        while True:
+            asyncio.run(one())  # each call lets the router look at the reports again
+            routers = GeoPrefixRouter.instances("stock")
+            blind = sum(r.counters.get("no_load_signal", 0) for r in routers)
+            if blind >= 2:
+                break
+            assert time.time() < deadline, [r.counters for r in routers]
+            time.sleep(0.5)
+        (router,) = routers
+        assert router.counters["no_load_signal"] == 2  # both replicas, each counted once
+        assert not router.replicas.loaded  # no report from either replica carried a load field
+        assert len(router.replicas.blind) == 2
+    finally:
+        serve.delete("stock")
