@@ -147,6 +147,70 @@ def test_bad_requests_name_the_problem(geo):
             assert err["code"] == status
 
 
+def _hostile_bodies():
+    """Hypothesis strategy: request bodies a client might send by mistake or on purpose -- arbitrary
+    JSON values, chat bodies with wrong types in every field, deep nesting, lone surrogates, huge
+    numbers, raw bytes -- mostly invalid, some valid (max_tokens 1, so the engine answers fast)."""
+    from hypothesis import strategies as st
+
+    scalars = st.one_of(st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
+                        st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40))
+    anyjson = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=4),
+                                                           st.dictionaries(st.text(max_size=10), kids, max_size=4)),
+                           max_leaves=12)
+    message = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "", 3]),
+                                     "content": st.one_of(st.text(max_size=60), anyjson)})
+    chat_body = st.fixed_dictionaries(
+        {"messages": st.one_of(st.lists(message, max_size=3), anyjson)},
+        optional={"model": st.one_of(st.just(MODEL), st.text(max_size=8)),
+                  "max_tokens": st.one_of(st.just(1), st.integers(-5, 10**9), anyjson),
+                  "stream": st.one_of(st.booleans(), anyjson),
+                  "allowed_regions": st.one_of(st.just(["us"]), anyjson),
+                  "temperature": anyjson, "tools": anyjson, "n": anyjson})
+    as_bytes = st.one_of(
+        anyjson.map(lambda v: json.dumps(v).encode()),
+        chat_body.map(lambda v: json.dumps(v, allow_nan=True).encode()),
+        st.binary(max_size=200),
+        st.integers(100, 6000).map(lambda d: b'{"messages": ' + b"[" * d + b"]" * d + b"}"),
+        st.just(b'{"model": "' + MODEL.encode() + b'", "messages": [{"role": "user", "content": "\\ud800"}]}'),
+    )
+    headers = st.dictionaries(st.sampled_from(["x-allowed-regions", "x-geolb-max-wait-s", "x-session-id",
+                                               "x-geolb-hops", "x-geolb-origin", "content-type"]),
+                              st.text(alphabet=st.characters(min_codepoint=32, max_codepoint=126), max_size=20),
+                              max_size=3)
+    return as_bytes, headers
+
+
+def test_fuzzed_bodies_and_headers_get_a_typed_answer_never_a_500_or_a_hang(geo):
+    """Hypothesis-generated bodies and headers against the real region endpoint: every answer is a
+    200 or a typed 4xx/429/503 JSON error, within a bound; never a 500, never a hang."""
+    from hypothesis import HealthCheck, given, settings
+
+    bodies, headers = _hostile_bodies()
+    seen = {}
+    client = httpx.Client(timeout=30)
+
+    @settings(max_examples=60, deadline=None, derandomize=True,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                     HealthCheck.data_too_large])
+    @given(body=bodies, hdrs=headers)
+    def probe(body, hdrs):
+        path = "chat/completions" if len(body) % 3 else "completions"
+        r = client.post(f"{geo}/us/v1/{path}", content=body, headers={**hdrs, "content-type": "application/json"})
+        seen[r.status_code] = seen.get(r.status_code, 0) + 1
+        assert r.status_code in (200, 400, 403, 404, 413, 422, 429, 503), (r.status_code, body[:200], r.text[:300])
+        if r.status_code != 200:
+            err = r.json()["error"]
+            assert err["message"] and err["code"] == r.status_code
+
+    try:
+        probe()
+    finally:
+        client.close()
+    assert seen.get(400, 0) >= 10, seen  # the generator really sends bad input
+    assert sum(seen.values()) >= 60, seen
+
+
 # ---------------------------------------------------------------------------------------------- routing
 def test_local_while_not_saturated(geo):
     async def run():
