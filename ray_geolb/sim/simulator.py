@@ -126,6 +126,8 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                          "reload it; simulated LBs never restart",
     "default_max_tokens": "an HTTP request default; a simulated request carries its workload's own max_tokens",
     "max_tokens_limit": "HTTP request validation; simulated workloads are valid by construction",
+    "tenant_header": "the HTTP header a tenant is read from; simulated requests carry no tenant (the region "
+                     "layer's tenant_regions rule itself is policy code both sides run)",
     "max_body_bytes": "an HTTP input bound (413); simulated requests have no body and are valid by construction",
     "max_json_depth": "an HTTP input bound (400); simulated requests have no JSON body",
     "max_model_len": "the ingress's context-length check (400 before routing); the simulator's client rejects a "

@@ -122,3 +122,30 @@ def test_a_stream_that_fails_midway_ends_with_an_error_event_a_finish_reason_and
     assert err["type"] == "stream_error" and "RuntimeError" in err["message"] and "secret" not in err["message"]
     finish = json.loads(events[3][len("data: "):])
     assert finish["choices"][0]["finish_reason"] == "error"
+
+
+def test_a_tenant_from_the_named_header_is_served_only_in_its_regions():
+    """``tenant_regions`` works in Serve: the tenant comes from the header the operator names, its
+    regions narrow the request's at this hop and travel with a forward."""
+    cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu"},
+                        tenant_header="x-tenant-id",
+                        two_layer={"remote": "prefix", "tenant_regions": {"acme": ["eu"]}})
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-tenant-id": "acme"}, "chat", cfg, origin="us",
+                        request_id="t1")
+    assert ctx.tenant == "acme"
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: None)  # availability "router", no router yet
+    d = ing.decide(ctx.route_request())
+    assert d.kind != "local" and (d.kind, d.reason) == ("hold", "no_region_available")  # eu unheard: wait
+    other = parse_request(json.dumps(chat("hi")).encode(), {"x-tenant-id": "globex"}, "chat", cfg, origin="us",
+                          request_id="t2")
+    assert ing.decide(other.route_request()).kind == "local"  # a tenant without a rule: anywhere
+    from ray_geolb.serve.ingress.context import RequestContext
+
+    fwd = RequestContext.from_wire(ctx.body, ctx.text, ctx.wire(0.0, d), stream=False)
+    assert fwd.tenant == "acme" and fwd.hops == 1
+    with pytest.raises(GeoHTTPError, match="x-tenant-id"):
+        parse_request(json.dumps(chat("hi")).encode(), {"x-tenant-id": "a b"}, "chat", cfg, origin="us",
+                      request_id="t3")
+    untrusted = parse_request(json.dumps(chat("hi")).encode(), {"x-tenant-id": "acme"}, "chat", CFG, origin="us",
+                              request_id="t4")
+    assert untrusted.tenant is None  # no header named: no tenants

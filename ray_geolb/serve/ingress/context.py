@@ -42,11 +42,14 @@ class RequestContext:
     max_wait_s: Optional[float] = None
     #: ``"chat"`` (``/v1/chat/completions``) or ``"completion"`` (``/v1/completions``)
     kind: str = "chat"
+    #: the tenant, from the header the operator names (``IngressConfig.tenant_header``); its regions
+    #: (``two_layer.tenant_regions``) narrow ``allowed`` at every hop
+    tenant: Optional[str] = None
 
     def route_request(self) -> RouteRequest:
         """The policy core's view of this request."""
         return RouteRequest(request_id=self.request_id, text=self.text, session_key=self.session,
-                            region=self.origin, allowed_regions=self.allowed, hops=self.hops)
+                            region=self.origin, allowed_regions=self.allowed, hops=self.hops, tenant=self.tenant)
 
     def wire(self, wait_ms: float, decision: Any) -> dict:
         """What the origin sends a peer with the body when it forwards this request (``fmeta``)."""
@@ -54,7 +57,7 @@ class RequestContext:
                 "allowed_regions": sorted(self.allowed) if self.allowed is not None else None,
                 "session": self.session, "stream": self.stream, "max_tokens": self.max_tokens,
                 "request_id": self.request_id, "waited_ms": wait_ms, "kind": self.kind,
-                "forward_reason": decision.reason, "forward_matched": decision.matched}
+                "forward_reason": decision.reason, "forward_matched": decision.matched, "tenant": self.tenant}
 
     @classmethod
     def from_wire(cls, body: Dict[str, Any], text: str, fmeta: dict, *, stream: bool) -> "RequestContext":
@@ -64,7 +67,8 @@ class RequestContext:
                    hops=max(1, int(fmeta.get("hops", 1))), origin=fmeta.get("origin", "?"),
                    session=fmeta.get("session"), request_id=fmeta.get("request_id") or new_request_id(),
                    waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"),
-                   kind=fmeta.get("kind") or ("chat" if "messages" in body else "completion"))
+                   kind=fmeta.get("kind") or ("chat" if "messages" in body else "completion"),
+                   tenant=fmeta.get("tenant") if isinstance(fmeta.get("tenant"), str) else None)
 
 
 def serve_request_id() -> Optional[str]:

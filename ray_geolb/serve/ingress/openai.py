@@ -24,6 +24,7 @@ from __future__ import annotations
 import hmac
 import json
 import math
+import re
 from typing import Any, AsyncIterator, Dict, FrozenSet, Mapping, Optional
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -160,6 +161,9 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
     return PromptBody(body), text, stream, mt, allowed
 
 
+_TENANT = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
 def client_headers(headers) -> Dict[str, str]:
     """The request headers a client may set, lower-cased: internal ``x-geolb-*`` headers (all but
     :data:`CLIENT_GEOLB_HEADERS`) and the admin token are dropped, so nothing a client forges is read
@@ -198,9 +202,15 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
             raise GeoHTTPError(400, f"header x-geolb-max-wait-s must be a number >= 0, got {mw!r}",
                                param="x-geolb-max-wait-s")
     session = headers_in.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
+    tenant = None
+    if cfg.tenant_header:
+        tenant = headers_in.get(cfg.tenant_header.lower())
+        if tenant is not None and not _TENANT.match(tenant):
+            raise GeoHTTPError(400, f"header {cfg.tenant_header} must be 1-64 characters of letters, digits, "
+                                    f"'.', '_' or '-'", param=cfg.tenant_header)
     return RequestContext(body=body, text=text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
                           origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s,
-                          kind=kind)
+                          kind=kind, tenant=tenant)
 
 
 # ---------------------------------------------------------------------------------------------- the operator rule
