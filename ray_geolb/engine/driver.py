@@ -120,6 +120,9 @@ class AsyncEngineDriver:
     def stats(self) -> dict:
         st = self.engine.stats()
         st["timestamp"] = time.time()
+        work = st.get("engine_work")
+        if work is not None:  # busy time on the report's clock (wall seconds), like its timestamp
+            st["engine_work"] = dict(work, busy_s=work["busy_s"] * self.time_scale)
         return st
 
     async def close(self) -> None:

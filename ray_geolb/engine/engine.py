@@ -223,6 +223,9 @@ class EngineModel:
         self._num_preempted = 0
         self._num_finished = 0
         self._num_steps = 0
+        self._busy_s = 0.0  # engine seconds spent in steps (cumulative; stats()["engine_work"])
+        self._work_prefill = 0  # prompt tokens computed (cumulative)
+        self._work_decode = 0  # decode tokens (sequences decoded one token; cumulative)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: EngineRequest, now: float) -> None:
@@ -544,6 +547,9 @@ class EngineModel:
             self._num_finished += len(finished)
         self._num_steps += 1
         dur = self._base + self._p_pre * prefill + self._p_dec * decodes + self._p_ctx * ctx
+        self._busy_s += dur
+        self._work_prefill += prefill
+        self._work_decode += decodes
         timings = []
         if first_seqs:
             t_first = self._now + dur
@@ -600,6 +606,8 @@ class EngineModel:
             self._num_finished += len(finished)
         self._num_steps += 1
         dur = self._base + self._p_pre * 0 + self._p_dec * decodes + self._p_ctx * ctx
+        self._busy_s += dur
+        self._work_decode += decodes
         return StepOutput(dur, [], tokens, fin_ids, preempted, 0, decodes)
 
     # ------------------------------------------------------------------ observability
@@ -628,6 +636,10 @@ class EngineModel:
             "num_gpu_blocks": self._total_blocks,
             "max_num_seqs": self._max_seqs,
             "block_tokens": self._B,
+            # cumulative step work since the engine started (what vLLM's per-iteration stats add up to):
+            # a router differences two reports and fits busy time on steps, prefill and decode tokens
+            "engine_work": {"steps": self._num_steps, "prefill_tokens": self._work_prefill,
+                            "decode_tokens": self._work_decode, "busy_s": self._busy_s},
         }
 
     @property

@@ -84,6 +84,19 @@ def _count_or_none(v, what: str) -> Optional[int]:
     return None if v is None else _count(v, what)
 
 
+ENGINE_WORK_FIELDS = ("steps", "prefill_tokens", "decode_tokens", "busy_s")
+
+
+def parse_engine_work(v) -> Optional[Tuple[float, float, float, float]]:
+    """Validate a report's ``engine_work``: ``{"steps", "prefill_tokens", "decode_tokens", "busy_s"}``,
+    finite non-negative cumulative counters (None if absent)."""
+    if v is None:
+        return None
+    if not isinstance(v, dict):
+        raise ValueError(f"engine_work must be a dict of {ENGINE_WORK_FIELDS}, got {type(v).__name__}")
+    return tuple(_nonneg_number(v.get(k), f"engine_work.{k}") for k in ENGINE_WORK_FIELDS)
+
+
 def parse_ttft_samples(v) -> Optional[Tuple[Tuple[float, float], ...]]:
     """Validate a report's ``ttft_samples``: a list of ``[uncached_prompt_tokens, ttft_s]`` pairs
     (finite numbers >= 0), at most :data:`MAX_TTFT_SAMPLES`. ``None`` / empty -> None; anything else
@@ -120,6 +133,9 @@ class ReplicaStats:
     num_gpu_blocks: Optional[int] = None
     block_tokens: Optional[int] = None
     ttft_samples: Optional[Tuple[Tuple[float, float], ...]] = None
+    #: cumulative engine step work ``(steps, prefill_tokens, decode_tokens, busy_s)`` since the engine
+    #: started (report key ``engine_work``); a cost policy differences two reports to fit t_p
+    engine_work: Optional[Tuple[float, float, float, float]] = None
 
     _ALIASES = {
         "num_waiting": ("num_waiting", "num_waiting_reqs", "waiting", "pending"),
@@ -169,6 +185,7 @@ class ReplicaStats:
             num_gpu_blocks=_count_or_none(vals.get("num_gpu_blocks"), "num_gpu_blocks"),
             block_tokens=_count_or_none(vals.get("block_tokens"), "block_tokens"),
             ttft_samples=parse_ttft_samples(d.get("ttft_samples")),
+            engine_work=parse_engine_work(d.get("engine_work")),
         )
         return s
 

@@ -78,6 +78,7 @@ class CostPolicy(PrefixPolicy):
         super().__init__(config, targets=targets, clock=clock, **kw)
         self.ttft = TtftModel(self.config.ttft)
         self.work = WorkTracker()
+        self._work_seen: Dict[Hashable, tuple] = {}  # target -> (timestamp, engine_work) of its last report
         self._mean_prompt = float(self.config.default_prompt_tokens)
         self._reason = f"{self.name}_cost"
         self._seen_prompts = 0
@@ -227,6 +228,26 @@ class CostPolicy(PrefixPolicy):
             self.ttft.observe(item.target, item.uncached_tokens, ttft_s)
         super().on_complete(request_id, target, now, ttft_s=ttft_s, ok=ok, req=req)
 
+    def on_stats(self, target, stats):
+        """The report, and (``ttft.source='engine_steps'``) the step work since this target's previous
+        report: differences of the cumulative ``engine_work`` counters (a restart -- counters going back --
+        only resets the baseline; an older report than the baseline is ignored)."""
+        super().on_stats(target, stats)
+        work = stats.engine_work
+        if work is None or self.ttft.config.source != "engine_steps" or target not in self._target_set:
+            return
+        prev = self._work_seen.get(target)
+        if prev is not None and stats.timestamp <= prev[0]:
+            return
+        self._work_seen[target] = (stats.timestamp, work)
+        if prev is None:
+            return
+        d = [a - b for a, b in zip(work, prev[1])]
+        if min(d) < 0:  # the engine restarted: a new baseline
+            return
+        if d[0] > 0:
+            self.ttft.observe_work(target, *d)
+
     def observe_ttft(self, target, uncached_tokens, ttft_s):
         """A replica-measured sample (``uncached_tokens``: what the engine really prefilled) for the
         online t_p regression; the same model ``on_complete(..., ttft_s=)`` feeds in the simulator."""
@@ -235,6 +256,8 @@ class CostPolicy(PrefixPolicy):
 
     def _forget(self, target):
         super()._forget(target)
+        if hasattr(self, "_work_seen"):
+            self._work_seen.pop(target, None)
         if hasattr(self, "work"):
             self.work.remove_target(target)
             self.ttft.forget(target)

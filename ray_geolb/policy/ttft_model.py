@@ -12,7 +12,13 @@ Table 1). The slope is clamped to ``[0, max_tp_s]`` and the intercept to ``>= 0`
 ``online=False`` the prior line is used as is: GORGO's own setting (a constant measured offline).
 
 Observed TTFTs also contain queueing; that is what the robust fit is for, and why the window is
-bounded (rates change with batch composition, GORGO §6).
+bounded (rates change with batch composition, GORGO §6). Under heavy queueing that is not enough:
+the fitted slope then measures queueing (4-8x the prefill slope on the engine model), and even the
+per-request prefill interval (vLLM's first SCHEDULED -> first token) does not identify it, because a
+budget-filled step takes as long whatever the request's own share. With ``source='engine_steps'`` the
+slope is fitted instead on the engines' own work between two reports (``observe_work``: busy time over
+steps, prefill tokens and decode tokens, by least squares; reports carry the cumulative counters as
+``engine_work``): prefill time, not TTFT.
 
 **Work accounting.** :class:`WorkTracker` keeps, per target, the requests this router dispatched
 and has not seen complete — dispatch time, prompt tokens, estimated uncached tokens and expected
@@ -24,14 +30,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Deque, Dict, Hashable, Iterator, List, Optional, Tuple
+from typing import Deque, Dict, Hashable, Iterator, List, Literal, Optional, Tuple
 
 import numpy as np
 from pydantic import Field
 
 from .config import _Strict
 
-__all__ = ["TtftModelConfig", "TtftModel", "theil_sen", "WorkTracker", "WorkItem", "POOLED"]
+__all__ = ["TtftModelConfig", "TtftModel", "theil_sen", "work_fit", "WorkTracker", "WorkItem", "POOLED"]
 
 POOLED = "__pooled__"
 
@@ -51,6 +57,10 @@ class TtftModelConfig(_Strict):
     refit_every: int = Field(4, ge=1, description="refit a key after this many new samples (a fit is O(window^2))")
     online: bool = Field(True, description="learn the line from observed TTFTs; False: always the prior line "
                                            "(GORGO §4.2: t_p measured offline and kept constant)")
+    source: Literal["ttft", "engine_steps"] = Field(
+        "ttft", description="what the online t_p is fitted on: 'ttft' = (uncached tokens, TTFT) samples (queueing "
+                            "included); 'engine_steps' = the engines' busy time over their steps, prefill and "
+                            "decode tokens between two reports (observe_work): prefill time, not TTFT")
 
 
 _TRIU: Dict[int, Tuple["np.ndarray", "np.ndarray"]] = {}
@@ -93,6 +103,40 @@ class _Window:
         self.fitted = False  # a fit was attempted with enough samples
 
 
+def work_fit(rows: List[Tuple[float, float, float, float]]) -> Optional[Tuple[float, float, float]]:
+    """Least squares ``busy_s = a·steps + t_p·prefill_tokens + t_d·decode_tokens`` over ``rows`` of
+    ``(steps, prefill, decode, busy_s)``: ``(a, t_p, t_d)``, or None without three independent columns.
+    The engine's step time is linear in exactly these (``engine/profiles.py``: base + per prefill token +
+    per decode + attention, the attention of a prefill chunk growing with its own tokens), so the prefill
+    coefficient is the per-token prefill time whatever queue stood in front of the requests."""
+    if len(rows) < 3:
+        return None
+    a = np.asarray(rows, dtype=float)
+    x, y = a[:, :3], a[:, 3]
+    scale = x.max(axis=0)
+    if (scale <= 0).any():
+        return None
+    coef, _res, rank, _sv = np.linalg.lstsq(x / scale, y, rcond=None)
+    if rank < 3:
+        return None
+    coef = coef / scale
+    return float(coef[0]), float(coef[1]), float(coef[2])
+
+
+class _WorkWindow:
+    """Step-work intervals of one key: those with prefill (``rows``, the window) and, apart, a few without
+    (``idle``: decode-only intervals pin the base and decode terms; kept apart so that a long decode-only
+    stretch does not push every prefill out of the window)."""
+
+    __slots__ = ("rows", "idle", "fit", "dirty")
+
+    def __init__(self, n: int):
+        self.rows: Deque[Tuple[float, float, float, float]] = deque(maxlen=n)
+        self.idle: Deque[Tuple[float, float, float, float]] = deque(maxlen=max(4, n // 4))
+        self.fit: Optional[Tuple[float, float]] = None
+        self.dirty = 0
+
+
 class TtftModel:
     """Per-key (replica or region) online TTFT lines with pooled and prior fallbacks."""
 
@@ -101,10 +145,46 @@ class TtftModel:
             config = TtftModelConfig.model_validate(config)
         self.config = config or TtftModelConfig()
         self._w: Dict[Hashable, _Window] = {}
+        self._work: Dict[Hashable, _WorkWindow] = {}
+
+    def observe_work(self, key: Hashable, steps: float, prefill_tokens: float, decode_tokens: float,
+                     busy_s: float) -> bool:
+        """Step work an engine did between two of its reports (differences of ``engine_work``). Used when
+        ``source='engine_steps'``; False (ignored) otherwise, or for an empty or invalid interval."""
+        cfg = self.config
+        if not cfg.online or cfg.source != "engine_steps":
+            return False
+        try:
+            row = (float(steps), float(prefill_tokens), float(decode_tokens), float(busy_s))
+        except (TypeError, ValueError):
+            return False
+        if not all(v >= 0.0 and v != float("inf") for v in row) or row[0] <= 0:
+            return False
+        for k in (key, POOLED):
+            w = self._work.get(k)
+            if w is None:
+                w = self._work[k] = _WorkWindow(cfg.window)
+            (w.rows if row[1] > 0 else w.idle).append(row)
+            w.dirty += 1
+        return True
+
+    def _fit_work(self, key: Hashable) -> Optional[Tuple[float, float]]:
+        w = self._work.get(key)
+        if w is None:
+            return None
+        cfg = self.config
+        if w.dirty and (w.dirty >= cfg.refit_every or w.fit is None):
+            w.dirty = 0
+            if len(w.rows) >= cfg.min_samples:  # a failed refit (collinear window) keeps the last fit
+                f = work_fit(list(w.rows) + list(w.idle))
+                if f is not None and f[1] > 0:
+                    w.fit = (cfg.prior_base_s, min(f[1], cfg.max_tp_s))
+        return w.fit
 
     def observe(self, key: Hashable, uncached_tokens: float, ttft_s: float) -> bool:
-        """Add a sample; False (ignored) if it is not a finite non-negative pair, or the model is not online."""
-        if not self.config.online:
+        """Add a sample; False (ignored) if it is not a finite non-negative pair, or the model is not online
+        (or fits engine steps: ``source='engine_steps'``)."""
+        if not self.config.online or self.config.source != "ttft":
             return False
         try:
             x, y = float(uncached_tokens), float(ttft_s)
@@ -124,8 +204,13 @@ class TtftModel:
     def forget(self, key: Hashable) -> None:
         if key != POOLED:
             self._w.pop(key, None)
+            self._work.pop(key, None)
 
     def samples(self, key: Hashable = POOLED) -> int:
+        """Samples the fit of ``key`` holds: TTFT samples, or step-work intervals (``source='engine_steps'``)."""
+        if self.config.source == "engine_steps":
+            ww = self._work.get(key)
+            return len(ww.rows) if ww is not None else 0  # intervals with prefill (what min_samples counts)
         w = self._w.get(key)
         return len(w.xs) if w is not None else 0
 
@@ -152,10 +237,11 @@ class TtftModel:
         """(base_s, t_p_s, source) where source is 'key', 'pooled' or 'prior'."""
         if not self.config.online:
             return self.config.prior_base_s, self.config.prior_tp_s, "prior"
-        f = self._fit(key) if key != POOLED else None
+        fit = self._fit_work if self.config.source == "engine_steps" else self._fit
+        f = fit(key) if key != POOLED else None
         if f is not None:
             return f[0], f[1], "key"
-        f = self._fit(POOLED)
+        f = fit(POOLED)
         if f is not None:
             return f[0], f[1], "pooled"
         return self.config.prior_base_s, self.config.prior_tp_s, "prior"

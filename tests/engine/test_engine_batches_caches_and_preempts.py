@@ -371,7 +371,8 @@ def test_stats_keys():
     st_ = make().stats()
     assert set(st_) == {"num_waiting", "num_running", "kv_cache_usage", "prefix_cache_queries",
                         "prefix_cache_hits", "num_preempted", "num_gpu_blocks", "max_num_seqs",
-                        "block_tokens"}
+                        "block_tokens", "engine_work"}
+    assert set(st_["engine_work"]) == {"steps", "prefill_tokens", "decode_tokens", "busy_s"}
 
 
 def test_config_is_frozen_dataclass():

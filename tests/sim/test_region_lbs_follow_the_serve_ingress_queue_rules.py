@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from ray_geolb.policy.base import RouteRequest
-from ray_geolb.policy.region import GEOPREFIX_COST, REGION_LAYER
+from ray_geolb.policy.region import GEOPREFIX_COST, REGION_LAYER, PeerState
 from ray_geolb.sim.deploy import deployment_for
 from ray_geolb.sim.metrics import summarize
 from ray_geolb.sim.simulator import SimConfig, Simulator
@@ -112,6 +112,9 @@ def test_the_slot_wait_prices_the_requests_ahead():
     rate = sel.drain.rate(sim.now)
     assert rate, "precondition: US measured its drain rate"
     lb.policy.tracker.available.clear()  # saturated: staying means waiting for a slot
+    for r, p in list(lb.router.peers.items()):  # every peer available (fresh, a free replica, no queue)
+        lb.router.update_peer(PeerState(r, 1, 0, sim.now, rtt_s=p.rtt_s, extra=dict(p.extra or {})))
+    assert lb.router.available_peers(sim.now), "precondition: US has a peer to compare staying with"
     for k in (0, 5):
         lb.router.set_queue(k, 1000.0 * k)
         lb.router.decide(RouteRequest(f"probe{k}", "x" * 400, region="us"), sim.now)

@@ -12,7 +12,10 @@ replicas,
 * ``Q(r)`` — the prefill tokens ahead of the request at ``r``: reported waiting × mean prompt +
   the uncached tokens of requests dispatched since that report (the report's staleness is
   corrected exactly by counting what it cannot have seen);
-* ``t_p`` — learned online from observed TTFTs (shared :class:`~ray_geolb.policy.ttft_model.TtftModel`),
+* ``t_p`` — learned online (shared :class:`~ray_geolb.policy.ttft_model.TtftModel`) from the engines' own
+  step work between two reports (``ttft.source="engine_steps"``: busy time over steps, prefill and decode
+  tokens -- prefill time, not TTFT, so queueing does not enter it; a report without ``engine_work``
+  leaves the prior),
   **pooled over this LB's replicas** (``tp_scope="pooled"``): the replicas of one deployment run the
   same model on the same hardware, so their prefill rate is one number; a per-replica fit from
   observed TTFTs absorbs that replica's recent *queueing* (TTFT = queue + prefill), which makes a busy
@@ -53,6 +56,7 @@ from pydantic import Field
 
 from ..cost_policy import CostConfig, CostPolicy
 from ..region.config import GEOPREFIX_COST
+from ..ttft_model import TtftModelConfig
 
 __all__ = ["GeoPrefix", "geoprefix_two_layer"]
 
@@ -69,6 +73,8 @@ class GeoPrefix(CostPolicy):
         tp_floor: Literal["none", "prior"] = Field("prior", description="t_p never below ttft.prior_tp_s")
         w_shared: float = Field(1.0, ge=0.0, description="price the residual prefill's slowdown of the requests "
                                                          "in flight at the replica")
+        ttft: TtftModelConfig = Field(TtftModelConfig(source="engine_steps"),
+                                      description="t_p fitted on the engines' step work (prefill time, not TTFT)")
 
 
 def geoprefix_two_layer(region: str, **over) -> dict:
