@@ -9,7 +9,9 @@ capacity (max_num_seqs, num_gpu_blocks, block_size) in a module global, and :cla
 (an ``LLMServer`` subclass, built lazily) returns them from ``record_routing_stats``, with
 ``ttft_samples`` = ``[[uncached_prompt_tokens, ttft_s], ...]`` of the requests that finished since the
 previous report (from ``IterationStats.finished_requests``; see :func:`ttft_sample` for what vLLM
-provides and what it does not), which GeoPrefixRouter feeds to the policy's online t_p model.
+provides and what it does not), which GeoPrefixRouter feeds to the policy's online t_p model, and
+``engine_work`` = the engines' cumulative step work (:func:`add_iteration_work`), which GeoPrefix's t_p
+is fitted on (prefill time, not TTFT).
 
 The entry point is declared in pyproject.toml::
 
@@ -31,8 +33,8 @@ from typing import Any, Deque, Dict, List, Optional
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-__all__ = ["GeoStatLogger", "latest_stats", "reset_stats", "routing_stats", "take_ttft_samples", "ttft_sample",
-           "TTFT_SAMPLES_KEPT", "IDLE_GRACE_S"]
+__all__ = ["GeoStatLogger", "add_iteration_work", "latest_stats", "reset_stats", "routing_stats", "take_ttft_samples",
+           "ttft_sample", "TTFT_SAMPLES_KEPT", "IDLE_GRACE_S", "MAX_ITERATION_GAP_S"]
 
 logger = logging.getLogger("ray.serve")
 
@@ -42,6 +44,11 @@ _CAPACITY: Dict[int, Dict[str, Any]] = {}
 #: TTFT samples kept between two reports (oldest dropped beyond)
 TTFT_SAMPLES_KEPT = 256
 _TTFT: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_KEPT)
+#: cumulative step work of this process's engines (``engine_work``; see :func:`add_iteration_work`)
+_WORK: Dict[str, float] = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "busy_s": 0.0}
+_LAST_ITER: Dict[int, tuple] = {}  # engine index -> (iteration timestamp, it had requests running)
+#: a gap between two iterations longer than this is not counted as busy time (the engine idled)
+MAX_ITERATION_GAP_S = 1.0
 
 
 def latest_stats() -> Dict[str, Any]:
@@ -64,6 +71,8 @@ def latest_stats() -> Dict[str, Any]:
         if kv:
             out["kv_cache_usage"] = sum(kv) / len(kv)
         out["timestamp"] = ts
+        if _WORK["steps"]:
+            out["engine_work"] = dict(_WORK)
         return out
 
 
@@ -92,6 +101,40 @@ def reset_stats() -> None:
         _LATEST.clear()
         _CAPACITY.clear()
         _TTFT.clear()
+        _LAST_ITER.clear()
+        _WORK.update(steps=0, prefill_tokens=0, decode_tokens=0, busy_s=0.0)
+
+
+def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx: int = 0) -> bool:
+    """Add one vLLM iteration to the cumulative ``engine_work`` the router fits t_p on (prefill time, not
+    TTFT: ``policy/ttft_model.py``, ``source='engine_steps'``). From ``IterationStats`` (vLLM 0.29,
+    ``vllm/v1/metrics/stats.py``): ``prompt_token_stats.computed`` (prompt tokens prefilled locally,
+    counted when a request's prefill completes, so a chunked prompt lands on its last chunk's iteration),
+    ``num_generation_tokens`` minus the first tokens (``time_to_first_tokens_iter``, one per request
+    that finished prefill) as decode tokens, and as busy time the gap since this engine's previous
+    iteration when that one had requests running (``SchedulerStats.num_running_reqs``) and the gap is
+    under :data:`MAX_ITERATION_GAP_S`. Approximate per iteration; a router fits over many of them.
+    False (nothing added) when the stats lack these fields."""
+    try:
+        ts = float(iteration_stats.iteration_timestamp)
+        gen = int(iteration_stats.num_generation_tokens)
+        firsts = len(getattr(iteration_stats, "time_to_first_tokens_iter", ()) or ())
+        pts = getattr(iteration_stats, "prompt_token_stats", None)
+        prefill = int(pts.computed) if pts is not None else 0
+    except (AttributeError, TypeError, ValueError, OverflowError):
+        return False
+    if not math.isfinite(ts) or gen < 0 or prefill < 0:
+        return False
+    with _LOCK:
+        prev = _LAST_ITER.get(engine_idx)
+        _LAST_ITER[engine_idx] = (ts, bool(running))
+        if prev is None or not prev[1] or not 0.0 < ts - prev[0] <= MAX_ITERATION_GAP_S:
+            return False  # the first iteration, or one after an idle gap: its duration is unknown
+        _WORK["steps"] += 1
+        _WORK["prefill_tokens"] += prefill
+        _WORK["decode_tokens"] += max(0, gen - firsts)
+        _WORK["busy_s"] += ts - prev[0]
+    return True
 
 
 def take_ttft_samples() -> List[List[float]]:
@@ -162,6 +205,8 @@ class GeoStatLogger(StatLoggerBase):
             if samples:
                 with _LOCK:
                     _TTFT.extend(samples)
+        if iteration_stats is not None:
+            add_iteration_work(iteration_stats, getattr(scheduler_stats, "num_running_reqs", None), engine_idx)
         if scheduler_stats is None:
             return
         try:
