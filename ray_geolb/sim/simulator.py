@@ -126,6 +126,8 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                          "reload it; simulated LBs never restart",
     "default_max_tokens": "an HTTP request default; a simulated request carries its workload's own max_tokens",
     "max_tokens_limit": "HTTP request validation; simulated workloads are valid by construction",
+    "first_token_timeout_s": "streams never stall in the simulator (no failures are modelled)",
+    "stream_idle_timeout_s": "streams never stall in the simulator (no failures are modelled)",
     "tenant_header": "the HTTP header a tenant is read from; simulated requests carry no tenant (the region "
                      "layer's tenant_regions rule itself is policy code both sides run)",
     "max_body_bytes": "an HTTP input bound (413); simulated requests have no body and are valid by construction",

@@ -149,3 +149,58 @@ def test_a_tenant_from_the_named_header_is_served_only_in_its_regions():
     untrusted = parse_request(json.dumps(chat("hi")).encode(), {"x-tenant-id": "acme"}, "chat", CFG, origin="us",
                               request_id="t4")
     assert untrusted.tenant is None  # no header named: no tenants
+
+
+class _SilentModel:
+    """A model whose stream never produces anything (a stuck replica)."""
+
+    def __init__(self):
+        self.cancelled = 0
+
+    def stream(self, ctx):
+        model = self
+
+        class _Gen:
+            def __aiter__(self):
+                return self
+
+            async def __anext__(self):
+                await asyncio.sleep(3600)
+
+            def cancel(self):
+                model.cancelled += 1
+
+        return _Gen()
+
+
+def test_a_stream_with_no_first_token_is_a_typed_504_and_returns_its_slot():
+    cfg = CFG.model_copy(update={"first_token_timeout_s": 0.2})
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: None)
+    ing.llm = _SilentModel()
+    body = chat("hello", stream=True)
+    ctx = parse_request(json.dumps(body).encode(), {}, "chat", cfg, origin="us", request_id="s1")
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(ing.process(ctx))
+    assert e.value.status == 504 and e.value.type == "stream_timeout" and "first_token_timeout_s" in e.value.message
+    assert ing.llm.cancelled == 1 and ing.accounting()["local_unrouted"] == 0  # the replica told, the slot back
+
+
+def test_a_stream_that_stalls_after_its_first_token_ends_with_a_typed_error():
+    from ray_geolb.serve.ingress.openai import sse_events
+    from ray_geolb.serve.ingress.streams import TokenStream
+
+    closed = []
+
+    async def stalls():
+        yield 'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+        await asyncio.sleep(3600)
+
+    async def run():
+        stream = TokenStream(stalls(), on_close=lambda: closed.append(1), idle_timeout_s=0.2, where="region us")
+        return [ev async for ev in sse_events(stream, debug=False, region="us")]
+
+    events = asyncio.run(run())
+    assert closed == [1] and events[-1] == "data: [DONE]\n\n"
+    err = json.loads(events[1][len("data: "):])["error"]
+    assert "stream_idle_timeout_s" in err["message"]
+    assert json.loads(events[2][len("data: "):])["choices"][0]["finish_reason"] == "error"

@@ -62,6 +62,11 @@ class IngressConfig(BaseModel):
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)
     forward_timeout_s: float = Field(300.0, gt=0)
+    #: streams: the first item (a forward's metadata, a local stream's first token) must come within
+    #: this, and then each next token within ``stream_idle_timeout_s``; else the stream ends with a
+    #: typed error (before the headers: 504; after: an error event and finish_reason "error")
+    first_token_timeout_s: float = Field(120.0, gt=0)
+    stream_idle_timeout_s: float = Field(60.0, gt=0)
     #: the request header that names the tenant (set by the operator's auth proxy, e.g. "x-tenant-id");
     #: a tenant listed in ``two_layer.tenant_regions`` is served only in its regions. None: no tenants
     tenant_header: Optional[str] = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")

@@ -326,9 +326,13 @@ class RequestPath:
         try:
             gen = self.llm.stream(ctx)
             try:
-                first = await gen.__anext__()
+                first = await asyncio.wait_for(gen.__anext__(), self.cfg.first_token_timeout_s)
             except StopAsyncIteration:
                 first = NO_TOKEN
+            except asyncio.TimeoutError:
+                raise GeoHTTPError(504, f"region {self.region}: no first token within "
+                                        f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
+                                   type_="stream_timeout", region=self.region) from None
             err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
             if err is not None:
                 raise err
@@ -347,7 +351,8 @@ class RequestPath:
             cancel_quietly(gen)
             slot.release()
             raise
-        return meta, TokenStream(gen, first, on_close=slot.release)
+        return meta, TokenStream(gen, first, on_close=slot.release, idle_timeout_s=self.cfg.stream_idle_timeout_s,
+                                 where=f"region {self.region}")
 
     def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float) -> dict:
         info = self.local.decision(ctx.request_id)
@@ -394,12 +399,16 @@ class RequestPath:
         gen = h.options(stream=True).forwarded_stream.remote(dict(ctx.body), fmeta)
         relay = self.peers.latency.relay(gen, peer, self.region)
         try:
-            meta = await relay.__anext__()
+            meta = await asyncio.wait_for(relay.__anext__(), self.cfg.first_token_timeout_s)
         except BaseException as e:  # CancelledError too: the peer must stop working on it
             await aclose_quietly(relay)
             cancel_quietly(gen)
             if not isinstance(e, Exception):
                 raise
+            if isinstance(e, asyncio.TimeoutError):  # reached but silent: typed, not "unreachable"
+                raise GeoHTTPError(504, f"region {peer} did not start the stream within "
+                                        f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
+                                   type_="stream_timeout", region=peer) from None
             err = as_http_error(e, peer)
             if err is not None:
                 raise err from None
@@ -409,7 +418,9 @@ class RequestPath:
             cancel_quietly(gen)
             await aclose_quietly(relay)
 
-        return _forward_meta(meta, d), TokenStream(relay, NO_TOKEN, on_close=close)
+        idle = self.cfg.stream_idle_timeout_s
+        return _forward_meta(meta, d), TokenStream(relay, NO_TOKEN, on_close=close, idle_timeout_s=idle,
+                                                   where=f"region {peer}")
 
     # ------------------------------------------------------------ inspection
     def accounting(self) -> dict:

@@ -9,6 +9,9 @@ is not an ``Exception``: nothing here owns accounting with ``except Exception``.
 from __future__ import annotations
 
 import asyncio
+from typing import Optional
+
+from .errors import GeoHTTPError
 
 __all__ = ["NO_TOKEN", "TokenStream", "aclose_quietly", "cancel_quietly"]
 
@@ -42,11 +45,14 @@ class TokenStream:
     is a class rather than an async generator function because a generator that is never started
     never runs its ``finally``."""
 
-    def __init__(self, source, first=NO_TOKEN, on_close=None):
+    def __init__(self, source, first=NO_TOKEN, on_close=None, idle_timeout_s: Optional[float] = None,
+                 where: str = ""):
         self._source = source
         self._first = first
         self._on_close = on_close
         self._closed = False
+        self._idle = idle_timeout_s  # longest wait for the next item (None: no bound)
+        self._where = where
 
     def __aiter__(self):
         return self
@@ -58,7 +64,13 @@ class TokenStream:
             tok, self._first = self._first, NO_TOKEN
             return tok
         try:
-            return await self._source.__anext__()
+            if self._idle is None:
+                return await self._source.__anext__()
+            return await asyncio.wait_for(self._source.__anext__(), self._idle)
+        except asyncio.TimeoutError:
+            await self.aclose()
+            raise GeoHTTPError(504, f"{self._where}: no token for {self._idle:g} s (stream_idle_timeout_s)",
+                               type_="stream_timeout") from None
         except BaseException:  # StopAsyncIteration (done), errors, cancellation: release now
             await self.aclose()
             raise
