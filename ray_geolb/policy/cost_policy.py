@@ -10,9 +10,10 @@ For each candidate replica ``r``:
 * ``L`` = the request's prompt tokens; ``L_hit(r)`` = the prefix this LB already sent to ``r`` (the
   approximate prefix index), in tokens at ``chars_per_token`` characters per token, capped at L
   (:func:`~ray_geolb.policy.matching.discounted_hits`: minimum length and age discount);
-* ``t_p(r)`` = seconds per prefill token learned online from observed TTFTs
-  (:mod:`~ray_geolb.policy.ttft_model`) — fed by ``on_complete(..., ttft_s=)`` (simulator) or by
-  ``observe_ttft`` (Ray Serve: samples the replicas measure and report);
+* ``t_p(r)`` = seconds per prefill token learned online (:mod:`~ray_geolb.policy.ttft_model`): from
+  observed TTFTs, fed by ``on_complete(..., ttft_s=)`` (simulator) or by ``observe_ttft`` (Ray Serve:
+  samples the replicas measure and report), or with ``ttft.source='engine_steps'`` (GeoPrefix) from the
+  engines' step work between two reports (``on_stats``: the report's cumulative ``engine_work``);
 * ``Q(r)`` = tokens queued ahead at ``r``: the replica's reported waiting requests × the mean prompt
   length, plus the uncached tokens of requests this LB dispatched since that report.
 

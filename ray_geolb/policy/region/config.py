@@ -82,7 +82,9 @@ class RegionLayerSettings(_Strict):
       heartbeat's ``PeerState.rtt_s``: this region's measurement, else the peer's, else unknown);
     * ``note_forwards`` -- after each forward the LB counts one request in that peer's queue until the
       next peer table replaces the entry (``RegionRouter.note_forward``; Serve: ``RequestPath._forward``),
-      so a burst stops going to a peer after ~``tau`` forwards per table instead of herding there;
+      so a burst stops going to a peer after ~``tau`` forwards per table instead of herding there
+      (for SkyLB's selectors and GORGO's; GeoPrefix's cost selector prices those forwards itself and
+      sets ``CostSelectorConfig.forwards_cap_peers=False``: the count stays, the availability cap goes);
     * ``forward_past_queue`` -- the LB queue is FCFS for *local* capacity only: a newcomer behind
       waiting requests, and a waiting request that is not the head, may still be forwarded (or
       rejected) -- each decided with the real number of requests ahead of it, which is what the
