@@ -30,9 +30,10 @@ class RouterError(RuntimeError):
 
 
 class RouterQueueFull(RouterError):
-    """The router's queue already holds ``queue_bound`` requests: the request was refused on arrival."""
+    """The router's queue already holds ``queue_bound`` requests (or ``queue_bound_tokens`` prompt
+    tokens): the request was refused on arrival -- 429, as a full ingress queue answers."""
 
-    http_status = 503
+    http_status = 429
 
 
 class RouterWaitTimeout(RouterError):

@@ -104,6 +104,7 @@ class GeoPrefixRouter(RequestRouter):
         policy: Any = None,
         region: Optional[str] = None,
         queue_bound: Optional[int] = 1024,
+        queue_bound_tokens: Optional[int] = None,
         wait_limit_s: Optional[float] = 60.0,
         retry_after_s: float = 1.0,
         error_delivery: str = "wrap",
@@ -129,6 +130,11 @@ class GeoPrefixRouter(RequestRouter):
         self.policy_name = self.policy.name
         self.region = region
         self.queue_bound = queue_bound
+        if queue_bound_tokens is not None and (isinstance(queue_bound_tokens, bool)
+                                               or not isinstance(queue_bound_tokens, int) or queue_bound_tokens < 1):
+            raise ValueError(f"GeoPrefixRouter: queue_bound_tokens must be a positive int or None, "
+                             f"got {queue_bound_tokens!r}")
+        self.queue_bound_tokens = queue_bound_tokens
         self.wait_limit_s = None if wait_limit_s is None else float(wait_limit_s)
         self.retry_after_s = float(retry_after_s)
         self.error_delivery = error_delivery
@@ -381,15 +387,20 @@ class GeoPrefixRouter(RequestRouter):
         routed, timed out, failed or cancelled -- a request not routed leaves no trace
         (:meth:`RequestBook.forget`)."""
         iid = pending_request.metadata.internal_request_id
-        if not is_retry and self.queue_bound is not None:
+        if not is_retry and (self.queue_bound is not None or self.queue_bound_tokens is not None):
             q = self.queue_len()
-            if q >= self.queue_bound:
+            tok = self.queued_tokens() if self.queue_bound_tokens is not None else 0.0
+            if (self.queue_bound is not None and q >= self.queue_bound) or \
+                    (self.queue_bound_tokens is not None and tok >= self.queue_bound_tokens):
                 self.counters["queue_full"] += 1
                 self.metrics.count("geolb_router_rejections_total", "queue_full")
                 raise RouterQueueFull(
                     f"router queue for {self.deployment_key[1]!r}"
                     + (f" in region {self.region!r}" if self.region else "")
-                    + f" is full ({q} >= queue_bound {self.queue_bound}); retry later",
+                    + (f" is full ({q} >= queue_bound {self.queue_bound})" if self.queue_bound is not None
+                       and q >= self.queue_bound else
+                       f" holds {tok:.0f} prompt tokens (>= queue_bound_tokens {self.queue_bound_tokens})")
+                    + "; retry later",
                     retry_after_s=self.retry_after_s, region=self.region, queue_len=q)
         base = super()._choose_replica_for_request
         if self.wait_limit_s is None or self.error_delivery != "wrap" or _timeout_ctx is None:

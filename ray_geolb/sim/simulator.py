@@ -128,6 +128,8 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
     "max_tokens_limit": "HTTP request validation; simulated workloads are valid by construction",
     "first_token_timeout_s": "streams never stall in the simulator (no failures are modelled)",
     "stream_idle_timeout_s": "streams never stall in the simulator (no failures are modelled)",
+    "max_concurrent": "an HTTP concurrency bound per ingress replica (429); simulated clients are the workload's "
+                      "own and every LB queue is bounded by max_queue, which is compared",
     "tenant_header": "the HTTP header a tenant is read from; simulated requests carry no tenant (the region "
                      "layer's tenant_regions rule itself is policy code both sides run)",
     "max_body_bytes": "an HTTP input bound (413); simulated requests have no body and are valid by construction",

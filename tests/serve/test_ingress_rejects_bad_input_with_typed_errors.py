@@ -204,3 +204,85 @@ def test_a_stream_that_stalls_after_its_first_token_ends_with_a_typed_error():
     err = json.loads(events[1][len("data: "):])["error"]
     assert "stream_idle_timeout_s" in err["message"]
     assert json.loads(events[2][len("data: "):])["choices"][0]["finish_reason"] == "error"
+
+
+# ---------------------------------------------------------------------------------------------- bounds and 429s
+def test_a_full_router_queue_is_429_like_a_full_ingress_queue_and_bounds_tokens_too():
+    from ray.serve._private.common import RequestMetadata
+    from ray.serve._private.request_router.common import PendingRequest
+
+    from ray_geolb.policy import RouteRequest
+    from ray_geolb.serve.errors import RouterQueueFull
+    from ray_geolb.serve.ingress.errors import as_http_error
+    from ray_geolb.serve.request_book import Entry
+    from ray_geolb.serve.router import GeoPrefixRouter
+
+    class _Router(GeoPrefixRouter):
+        def __init__(self):  # no Ray: initialize_state only
+            self._deployment_id = None
+
+    r = _Router()
+    r.initialize_state(region="us", queue_bound=None, queue_bound_tokens=500)
+    held = RouteRequest(request_id="h0", text="y" * 4 * 600)  # 600 prompt tokens already waiting
+    r.book.held[held.request_id] = Entry(held, None, 0.0)
+    r._pending_requests_by_id = {"h0": 1}
+
+    async def arrive():
+        pr = PendingRequest(args=[{"prompt": "new"}], kwargs={},
+                            metadata=RequestMetadata(request_id="s1", internal_request_id="i1"))
+        return await r._choose_replica_for_request(pr)
+
+    with pytest.raises(RouterQueueFull, match="queue_bound_tokens 500") as e:
+        asyncio.run(arrive())
+    err = as_http_error(e.value, "us")
+    assert err.status == 429 and err.type == "router_queue_full" and err.retry_after_s == 1.0
+    assert r.counters["queue_full"] == 1 and r.metrics.total("geolb_router_rejections_total", "queue_full") == 1
+    with pytest.raises(ValueError, match="queue_bound_tokens"):
+        _Router().initialize_state(queue_bound_tokens=0)
+
+
+def test_an_ingress_at_max_concurrent_answers_429():
+    from types import SimpleNamespace
+
+    from ray_geolb.serve.ingress.deployment import RegionIngress
+
+    cls = RegionIngress.func_or_class
+    noted = []
+    fake = SimpleNamespace(_http_inflight=3, cfg=CFG.model_copy(update={"max_concurrent": 3}), region="us",
+                           path=SimpleNamespace(note_rejection=noted.append))
+    resp = asyncio.run(cls._http(fake, None, "chat"))
+    body = json.loads(resp.body)
+    assert resp.status_code == 429 and body["error"]["type"] == "too_many_requests"
+    assert resp.headers["retry-after"] == "1" and fake._http_inflight == 3 and noted[0].status == 429
+
+
+def test_a_peer_that_answers_429_is_skipped_and_the_request_goes_elsewhere():
+    from ray_geolb.policy import ReplicaStats, build_policy
+    from ray_geolb.policy.region import PeerState
+    from ray_geolb.serve.clock import policy_now
+
+    geo = build_policy("geoprefix", targets=["r1"])
+    geo.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
+    from types import SimpleNamespace
+
+    fake = SimpleNamespace(policy=geo, num_available=lambda: 0, free_slots=lambda: 0, queue_len=lambda: 0,
+                           queued_tokens=lambda: 0.0, decision=lambda rid: None)
+    cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
+                        two_layer={"remote": "nearest"})
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: fake)
+    for peer, rtt in (("eu", 0.05), ("asia", 0.15)):
+        ing.router.update_peer(PeerState(peer, 2, 0, policy_now()))
+        ing.router.observe_rtt(peer, rtt)
+    tried = []
+
+    async def forward(ctx, rreq, d, wait_ms):  # the first peer tried is full, the next one serves
+        tried.append(d.target)
+        if len(tried) == 1:
+            raise GeoHTTPError(429, f"region {d.target}: queue full", type_="queue_full", region=d.target)
+        return {"region": d.target}, {"ok": True}
+
+    ing._forward = forward
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {}, "chat", cfg, origin="us", request_id="p1")
+    meta, out = asyncio.run(ing.process(ctx))
+    assert len(tried) == 2 and set(tried) == {"eu", "asia"} and meta["region"] == tried[1] and out == {"ok": True}
+    assert tried[0] not in ing.available_peers()  # unavailable until its next heartbeat (it answered: not down)

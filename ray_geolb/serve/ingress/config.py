@@ -70,6 +70,8 @@ class IngressConfig(BaseModel):
     #: the request header that names the tenant (set by the operator's auth proxy, e.g. "x-tenant-id");
     #: a tenant listed in ``two_layer.tenant_regions`` is served only in its regions. None: no tenants
     tenant_header: Optional[str] = Field(None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9-]+$")
+    #: HTTP requests this ingress replica serves at once (queued ones included); more -> 429
+    max_concurrent: int = Field(1024, ge=1)
     #: input bounds, checked before anything is routed or indexed (openai.validate_body)
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="larger request bodies -> 413")
     max_json_depth: int = Field(64, ge=4, le=1000, description="deeper JSON nesting -> 400 (tool schemas nest)")

@@ -45,12 +45,26 @@ class RegionIngress:
         self.cfg = cfg
         self.region = cfg.region
         self._admin_token = cfg.admin_token or os.environ.get(cfg.admin_token_env) or None
+        self._http_inflight = 0  # HTTP requests being answered here (max_concurrent)
 
     def _admin(self, request: Request) -> bool:
         """True if the request may see debug figures: ``debug`` is on, or it carries the admin token."""
         return is_admin(request.headers, self.cfg.debug, self._admin_token)
 
     async def _http(self, request: Request, kind: str) -> Response:
+        if self._http_inflight >= self.cfg.max_concurrent:
+            err = GeoHTTPError(429, f"region {self.region}: {self._http_inflight} requests in progress at this "
+                                    f"ingress (max_concurrent {self.cfg.max_concurrent}); retry later",
+                               type_="too_many_requests", retry_after_s=self.cfg.retry_after_s, region=self.region)
+            self.path.note_rejection(err)
+            return err.response({HEADER_PREFIX + "origin": self.region})
+        self._http_inflight += 1
+        try:
+            return await self._serve_http(request, kind)
+        finally:
+            self._http_inflight -= 1  # streams hold their own slot (LocalSlot) until they end
+
+    async def _serve_http(self, request: Request, kind: str) -> Response:
         debug = self._admin(request)
         try:
             ctx = parse_request(await request.body(), client_headers(request.headers), kind, self.cfg,

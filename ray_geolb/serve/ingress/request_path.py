@@ -245,6 +245,7 @@ class RequestPath:
                                    param="allowed_regions")
         rreq = ctx.route_request()
         excluded: set = set()
+        last_429: Optional[GeoHTTPError] = None
         for _ in range(FORWARD_ATTEMPTS):
             t0 = _now()
             d = await self.admission.admit(rreq, ctx.max_wait_s)
@@ -262,12 +263,25 @@ class RequestPath:
             self.metrics.count("geolb_forwards_total", self.region, d.target)
             try:
                 return await self._forward(ctx, rreq, d, wait_ms)
+            except GeoHTTPError as e:
+                if e.status != 429:
+                    raise
+                # the peer is full (its queue or its router's): it answered, so it is not down; it is
+                # unavailable until its next heartbeat, and the request is decided again (never lost)
+                self.counts["forward_failures"] += 1
+                logger.info("forward %s -> %s refused (429); re-deciding", self.region, d.target)
+                self.router.mark_unreachable(d.target)
+                excluded.add(d.target)
+                last_429 = e
+                continue
             except ForwardFailed as e:
                 # The peer ingress is unreachable: mark it unavailable and decide again (never lose it).
                 self.counts["forward_failures"] += 1
                 logger.warning("forward %s -> %s failed (%s); re-deciding", self.region, d.target, e)
                 self.router.mark_unreachable(d.target)  # PeerState changes only through RegionRouter
                 excluded.add(d.target)
+        if last_429 is not None:
+            raise last_429
         raise GeoHTTPError(503, f"region {self.region}: forwarding failed to {sorted(excluded)}",
                            type_="forward_failed", retry_after_s=self.cfg.retry_after_s, region=self.region)
 
