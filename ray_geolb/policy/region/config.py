@@ -5,7 +5,9 @@ region's load balancer is *deployed* (one object for the Serve ingress and the s
 * ``GORGO_COST`` (``remote_queue=False``): GORGO's code leaves the peer's queue out;
 * ``GEOPREFIX_COST``: the peer's queue (staleness-inflated), aged and minimum-length matches, the
   residual prefill's cost to the requests in flight (``w_shared``) and the wait for a local slot
-  (``stay_slot_wait``). What each term means: ``region/cost_selector.py``.
+  (``stay_slot_wait``); its own forwards priced instead of capped (``forwards_cap_peers=False``) and
+  layer 1 by expected TTFT also before saturation (``forward_before_saturation``, 1 s margin).
+  What each term means: ``region/cost_selector.py``.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class CostSelectorConfig(_Strict):
 
 GORGO_COST = {"remote_queue": False}
 GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
-                  "w_shared": 1.0, "stay_slot_wait": True, "forwards_cap_peers": False}
+                  "w_shared": 1.0, "stay_slot_wait": True, "forwards_cap_peers": False,
+                  "forward_before_saturation": True, "forward_margin_s": 1.0}
 
 
 class RegionLayerSettings(_Strict):

@@ -301,8 +301,10 @@ def test_before_saturation_ties_stay_local_and_the_flag_and_hop_limit_are_respec
     assert _at_saving(r, req, 0.05, 3.0).kind == "forward"
     off, req2 = _before_saturation()
     off.selector.config = off.selector.config.model_copy(update={"forward_before_saturation": False})
-    assert _at_saving(off, req2, 0.5, 2.0).kind == "local"  # off (the shipped default): SkyLB's layer 1
+    assert _at_saving(off, req2, 0.5, 2.0).kind == "local"  # off (the selector's default): SkyLB's layer 1
     assert CostSelectorConfig().forward_before_saturation is False
+    assert CostSelectorConfig(**GEOPREFIX_COST).forward_before_saturation is True  # GeoPrefix's preset: on
+    assert CostSelectorConfig(**GORGO_COST).forward_before_saturation is False  # GORGO as published
     r, req = _before_saturation()
     req.hops = 1  # already forwarded once: never again
     assert _at_saving(r, req, 0.5, 2.0).kind == "local"
