@@ -681,3 +681,40 @@ def test_prometheus_metrics_after_traffic(geo):
     assert got["forwards"] is None or got["forwards"] >= 1  # earlier tests forwarded us -> peers
     bad = [k for k, v in s.items() if v != v or v < 0]  # NaN or negative
     assert not bad, bad[:5]
+
+
+# ---------------------------------------------------------------------------------------------- a replica dies
+def test_a_replica_dying_mid_stream_ends_the_stream_with_a_typed_error(geo):
+    """Chaos: the model replica serving a stream is killed after the first tokens. The client's
+    stream ends the way it can parse -- an error event, a chunk with finish_reason "error", then
+    [DONE] -- promptly (not after the idle timeout), and the region serves again once Serve has
+    replaced the replica. (Last in this module: it costs eu its replica for a while.)"""
+    asyncio.run(wait_idle(geo))
+    with httpx.Client(timeout=120) as c:
+        body = chat("a long answer please " * 10, n=400, stream=True)
+        with c.stream("POST", f"{geo}/eu/v1/chat/completions", json=body, headers=ADMIN) as r:
+            assert r.status_code == 200
+            replica = geoh(r)["replica"]
+            lines = r.iter_lines()
+            events = []
+            for ln in lines:  # a few tokens first
+                if ln.startswith("data: "):
+                    events.append(ln[len("data: "):])
+                    if len(events) >= 3:
+                        break
+            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["name"].startswith("SERVE_REPLICA::geolb-eu#") and a["name"].endswith(replica)]
+            assert len(names) == 1, (replica, names)
+            t_kill = time.monotonic()
+            ray.kill(ray.get_actor(names[0], namespace="serve"), no_restart=True)
+            for ln in lines:
+                if ln.startswith("data: "):
+                    events.append(ln[len("data: "):])
+            ended_after = time.monotonic() - t_kill
+    assert events[-1] == "[DONE]", events[-5:]
+    tail = [json.loads(e) for e in events[-3:-1]]
+    assert "error" in tail[0] and tail[0]["error"]["type"] == "stream_error", tail
+    assert tail[1]["choices"][0]["finish_reason"] == "error", tail
+    assert len(events) < 400  # it did not run to completion
+    assert ended_after < 30, ended_after  # the death was seen, not waited out
+    asyncio.run(wait_idle(geo, timeout=90))  # Serve replaced the replica: eu serves again
