@@ -30,10 +30,10 @@ ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
 from ray import serve  # noqa: E402
+from region_cluster import region_cluster, wait_for_peers  # noqa: E402
 
 from ray_geolb.serve.app import build_region_apps, deploy_region_apps, model_replica_actors  # noqa: E402
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
-from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(420)]
 
@@ -48,10 +48,7 @@ ROUTER_QUEUE_APP = "rq-us"
 
 @pytest.fixture(scope="module")
 def geo():
-    cluster = start_region_cluster(list(REGIONS), ray_temp_dir("geolb_ab_"), namespace="geolb_test_abandon")
-    try:
-        port = free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    with region_cluster(REGIONS, "geolb_ab_", "geolb_test_abandon") as (base, _port):
         # time_scale 5 stretches the engine's API-server overhead (20 ms) to 0.1 s of wall time: the
         # router's seen-margin must cover it (a request that has not reached the engine's scheduler
         # is not in its report)
@@ -65,27 +62,13 @@ def geo():
         rq = build_region_apps({"us": 1}, registry=False, app_prefix="rq-",
                                ingress={"local_availability": "always", "admin_token": TOKEN}, **rq_common)[0]
         serve.run(rq.app, name=ROUTER_QUEUE_APP, route_prefix="/rq-us")
-        base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
         with httpx.Client(timeout=30, headers={ADMIN_TOKEN_HEADER: TOKEN}) as c:
             for path in ("us", "eu", "asia", "rq-us"):  # each router exists once a request went through
                 r = c.post(f"{base}/{path}/v1/completions", json={"prompt": "warm", "max_tokens": 1},
                            headers={"x-allowed-regions": "us"} if path in ("us", "rq-us") else {})
                 assert r.status_code == 200, r.text
-            while True:
-                states = [c.get(f"{base}/{r}/v1/geolb/state").json() for r in REGIONS]
-                if all(len(s["available_peers"]) == 2 for s in states):
-                    break
-                assert time.time() < deadline, f"peers never became visible: {states}"
-                time.sleep(0.3)
+        wait_for_peers(base, REGIONS, {ADMIN_TOKEN_HEADER: TOKEN})
         yield base
-    finally:
-        try:
-            serve.shutdown()
-        except Exception:
-            pass
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def ingress(app):
