@@ -152,9 +152,10 @@ class RequestPath:
         err = None
         for _ in range(3):
             try:
-                if self.router.selector is not None and self.local.local_slots() <= 0:
-                    # the queue ahead only enters the stay cost, which is priced only when the local
-                    # layer has no free slot (RegionRouter.decide stays local without pricing otherwise)
+                sel = self.router.selector
+                if sel is not None and (self.local.local_slots() <= 0 or sel.config.forward_before_saturation):
+                    # the queue ahead only enters the stay cost: priced when the local layer has no free
+                    # slot, or on every decision when the selector forwards before saturation
                     self.set_queue_ahead(waiting)
                 d = self.router.decide(rreq, _now())
                 if d.kind != "local":
