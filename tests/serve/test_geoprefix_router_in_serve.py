@@ -107,14 +107,17 @@ def test_conversation_affinity(cluster):
 
 def test_geoprefix_learns_t_p_from_replica_ttft_reports(cluster):
     """In Serve the router never sees a TTFT itself: the replicas report theirs (``ttft_samples`` in
-    routing stats) and the default policy (GeoPrefix) learns t_p from them. Sequential requests of
-    distinct lengths (no shared prefix) on an engine 4x slower than the profile: the pooled t_p moves
-    from the prior to the engine's real wall-clock prefill rate."""
+    routing stats) and a TTFT-fitted cost policy (GeoPrefix with ``ttft.source="ttft"``, GORGO's way;
+    GeoPrefix's default fits the engines' step work, see test_ttft_feedback_reaches_the_policy.py)
+    learns t_p from them. Sequential requests of distinct lengths (no shared prefix) on an engine 4x
+    slower than the profile: the pooled t_p moves from the prior to the engine's real wall-clock
+    prefill rate."""
     from ray_geolb.engine.profiles import get_profile
     from ray_geolb.policy.ttft_model import POOLED
 
     scale = 4.0
-    h = _deploy("ttft", 1, {}, time_scale=scale, output_tokens=1)
+    h = _deploy("ttft", 1, {"policy": {"name": "geoprefix", "ttft": {"source": "ttft"}}}, time_scale=scale,
+                output_tokens=1)
     r = _router("ttft", h)
     assert r.policy.name == "geoprefix"
     prior = r.policy.config.ttft.prior_tp_s

@@ -6,6 +6,8 @@ only and the calls are Ray's own ``PendingRequest`` / ``RequestMetadata`` object
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from ray.serve._private.common import RequestMetadata
 from ray.serve._private.request_router.common import PendingRequest
@@ -26,8 +28,12 @@ class _Router(GeoPrefixRouter):
 
 
 def _pending(serve_id: str, internal_id: str, body) -> PendingRequest:
-    md = RequestMetadata(request_id=serve_id, internal_request_id=internal_id)
-    return PendingRequest(args=[body], kwargs={}, metadata=md)
+    """Ray's own pending request (its future needs an event loop: built on one)."""
+    async def build():
+        md = RequestMetadata(request_id=serve_id, internal_request_id=internal_id)
+        return PendingRequest(args=[body], kwargs={}, metadata=md)
+
+    return asyncio.run(build())
 
 
 @pytest.fixture

@@ -44,10 +44,14 @@ def test_bad_ttft_samples_are_a_clear_error(bad, needle):
 
 
 # ---------------------------------------------------------------------------------------------- policies
+#: GeoPrefix with its t_p fitted on TTFT samples (GORGO's way; GeoPrefix's default fits engine step work)
+TTFT_FITTED = {"name": "geoprefix", "ttft": {"source": "ttft"}}
+
+
 def test_base_policy_ignores_samples_cost_policy_learns_t_p():
     sky = build_policy("skylb", targets=["a"])
     sky.observe_ttft("a", 1000, 0.5)  # no TTFT model: a no-op, no error
-    geo = build_policy("geoprefix", targets=["a", "b"])
+    geo = build_policy(TTFT_FITTED, targets=["a", "b"])  # a cost policy that fits TTFT samples
     prior = geo.config.ttft.prior_tp_s
     assert geo.pooled_t_p() == pytest.approx(prior) and geo.ttft.line()[2] == "prior"
     rate, base = 3e-4, 0.04  # faster than the prior floor? no: slower, so the floored value moves
@@ -94,7 +98,7 @@ def _rep(uid, stats, region=None):
 def test_router_feeds_reported_samples_once_per_report():
     from ray_geolb.serve.router import DEFAULT_POLICY
 
-    r = _NoRayRouter.make()
+    r = _NoRayRouter.make(policy=TTFT_FITTED)
     assert r.policy.name == DEFAULT_POLICY == "geoprefix"
     base = {"num_waiting": 0, "num_running": 0, "max_num_seqs": 8}
     s1 = {**base, "timestamp": 1.0, "ttft_samples": [[100 * k, 0.02 + 2e-4 * 100 * k] for k in range(1, 11)]}
@@ -110,9 +114,36 @@ def test_router_feeds_reported_samples_once_per_report():
     assert r.counters["bad_stats"] == 1 and r.policy.ttft.samples(POOLED) == 10
     assert r.policy.tracker.stats("a").timestamp == 1.0
     # a replica of another region: its samples are not this router's
-    r2 = _NoRayRouter.make(region="us")
+    r2 = _NoRayRouter.make(region="us", policy=TTFT_FITTED)
     r2._sync([_rep("x", s1, region="eu"), _rep("y", {**base, "timestamp": 1.0}, region="us")])
     assert r2.policy.ttft.samples(POOLED) == 0 and r2.local_replica_ids() == ["y"]
+
+
+def test_default_router_fits_t_p_on_the_engines_step_work():
+    """GeoPrefix's default t_p source: the cumulative ``engine_work`` in each replica's report; the
+    router hands the reports to the policy, which fits busy time on the work between two reports."""
+    from ray_geolb.serve.router import DEFAULT_POLICY
+
+    r = _NoRayRouter.make()
+    assert r.policy.name == DEFAULT_POLICY and r.policy.ttft.config.source == "engine_steps"
+    base_s, tp, dec = 0.02, 1.5e-4, 4e-3  # per step, per prefill token, per decode token
+    work = {"a": [0.0, 0.0, 0.0, 0.0], "b": [0.0, 0.0, 0.0, 0.0]}
+    rng = random.Random(1)
+    for k in range(1, 30):
+        reps = []
+        for uid in ("a", "b"):
+            steps, pre, de = rng.randint(5, 40), rng.randint(0, 20_000), rng.randint(0, 400)
+            w = work[uid]
+            w[0] += steps
+            w[1] += pre
+            w[2] += de
+            w[3] += base_s * steps + tp * pre + dec * de
+            reps.append(_rep(uid, {"num_waiting": 0, "num_running": 1, "max_num_seqs": 8, "timestamp": float(k),
+                                   "engine_work": dict(zip(("steps", "prefill_tokens", "decode_tokens", "busy_s"),
+                                                           w))}))
+        r._sync(reps)
+    assert r.policy.ttft.samples(POOLED) >= 8
+    assert r.policy.pooled_t_p() == pytest.approx(tp, rel=0.05)
 
 
 def test_router_queued_tokens_view():
@@ -177,7 +208,7 @@ def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote
 
 
 def _busy_geoprefix(n_inflight=4):
-    geo = build_policy("geoprefix", targets=["r1", "r2"])
+    geo = build_policy(TTFT_FITTED, targets=["r1", "r2"])
     for t in ("r1", "r2"):
         geo.on_stats(t, ReplicaStats(num_waiting=2, num_running=4, timestamp=0.0, max_num_seqs=4))
     for i in range(n_inflight):
