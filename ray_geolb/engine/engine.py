@@ -282,6 +282,21 @@ class EngineModel:
         return True
 
     # ------------------------------------------------------------------ KV blocks
+    def _lock_prefix(self, s, hits: int) -> None:
+        """Admit ``s`` on its ``hits`` cached prompt blocks: each gains a reference (leaving the LRU of
+        free cached blocks if it was there); they become ``s``'s first blocks."""
+        if hits:
+            cached, lru = self._cached, self._lru
+            hit_hashes = s.hashes[:hits]
+            for h in hit_hashes:
+                c = cached[h]
+                if c == 0:
+                    del lru[h]
+                cached[h] = c + 1
+            s.hashed = hit_hashes
+            s.num_blocks = hits
+        s.next_hash = hits
+
     def _alloc(self, s: _Seq, n: int) -> bool:
         if n <= self._num_free:
             self._num_free -= n
@@ -436,7 +451,6 @@ class EngineModel:
         B = self._B
         max_seqs = self._max_seqs
         waiting = self._waiting
-        cached = self._cached
         lru = self._lru
         while waiting and budget > 0 and len(running) < max_seqs:
             s = waiting[0]
@@ -451,16 +465,7 @@ class EngineModel:
             if need > self._num_free + len(lru) - in_lru:
                 break
             waiting.popleft()
-            if hits:
-                hit_hashes = s.hashes[:hits]
-                for h in hit_hashes:
-                    c = cached[h]
-                    if c == 0:
-                        del lru[h]
-                    cached[h] = c + 1
-                s.hashed = hit_hashes
-                s.num_blocks = hits
-            s.next_hash = hits
+            self._lock_prefix(s, hits)
             s.num_computed = computed
             if need > 0:
                 self._alloc(s, need)  # cannot fail: checked above

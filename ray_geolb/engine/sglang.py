@@ -238,17 +238,7 @@ class SGLangEngineModel(EngineModel):
     def _admit(self, s, hits: int, need: int, n: int) -> None:
         """Move the head of the waiting queue into the prefill batch: lock its cached prefix, allocate."""
         self._waiting.popleft()
-        if hits:
-            cached, lru = self._cached, self._lru
-            hit_hashes = s.hashes[:hits]
-            for h in hit_hashes:
-                c = cached[h]
-                if c == 0:
-                    del lru[h]
-                cached[h] = c + 1
-            s.hashed = hit_hashes
-            s.num_blocks = hits
-        s.next_hash = hits
+        self._lock_prefix(s, hits)
         s.num_computed = hits * self._B
         if need > 0:
             self._alloc(s, need)  # checked by the caller
