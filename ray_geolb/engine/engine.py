@@ -68,7 +68,7 @@ from heapq import heappop, heappush
 from typing import Optional, Sequence
 
 from .admission import request_fits
-from .profiles import ADMISSION_FIELDS, EngineProfile, check_admission, get_profile
+from .profiles import ADMISSION_FIELDS, AdmissionParams, EngineProfile, check_admission, get_profile
 
 __all__ = ["EngineConfig", "EngineRequest", "EngineModel", "RequestTiming", "StepOutput", "request_fits"]
 
@@ -76,7 +76,7 @@ _PENDING, _WAITING, _RUNNING, _DONE = 0, 1, 2, 3
 
 
 @dataclass(frozen=True)
-class EngineConfig:
+class EngineConfig(AdmissionParams):  # + the admission semantics (AdmissionParams, copied from the profile)
     max_num_seqs: int
     max_num_batched_tokens: int
     num_gpu_blocks: int
@@ -85,15 +85,6 @@ class EngineConfig:
     ttft_overhead_s: float
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
-    # admission semantics and SGLang's parameters (see EngineProfile; engine/sglang.py)
-    admission: str = "vllm"
-    sgl_init_new_token_ratio: float = 0.7
-    sgl_min_new_token_ratio_factor: float = 0.14
-    sgl_new_token_ratio_decay_steps: int = 600
-    sgl_schedule_conservativeness: float = 1.0
-    sgl_clip_max_new_tokens: int = 4096
-    sgl_retract_decode_steps: int = 20
-    sgl_max_prefill_tokens: int = 16384
 
     @classmethod
     def from_profile(cls, profile: EngineProfile, **overrides) -> "EngineConfig":

@@ -30,17 +30,35 @@ x 2 bytes (fp16/bf16) = 131,072 B = 128 KiB per token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
-__all__ = ["EngineProfile", "PROFILES", "get_profile", "KV_BYTES_PER_TOKEN_8B", "ADMISSION_MODES",
+__all__ = ["AdmissionParams", "EngineProfile", "PROFILES", "get_profile", "KV_BYTES_PER_TOKEN_8B", "ADMISSION_MODES",
            "ADMISSION_FIELDS", "check_admission"]
 
 # 32 layers * 8 KV heads * 128 head_dim * 2 (K and V) * 2 bytes (fp16/bf16)
 KV_BYTES_PER_TOKEN_8B = 32 * 8 * 128 * 2 * 2  # = 131072 B = 128 KiB
 
 
+@dataclass(frozen=True, kw_only=True)
+class AdmissionParams:
+    """The admission semantics an :class:`EngineProfile` and an ``EngineConfig`` share (keyword-only
+    fields; ``EngineConfig.from_profile`` copies them): ``admission`` "vllm" (v1: no KV reserved for
+    future output) or "sglang" (reserve KV for expected output, new-token-ratio schedule, retraction;
+    engine/sglang.py). The sgl_* fields are SGLang's parameters (v0.4.6.post5 defaults), used only in
+    "sglang" mode."""
+
+    admission: str = "vllm"
+    sgl_init_new_token_ratio: float = 0.7
+    sgl_min_new_token_ratio_factor: float = 0.14
+    sgl_new_token_ratio_decay_steps: int = 600
+    sgl_schedule_conservativeness: float = 1.0
+    sgl_clip_max_new_tokens: int = 4096
+    sgl_retract_decode_steps: int = 20
+    sgl_max_prefill_tokens: int = 16384
+
+
 @dataclass(frozen=True)
-class EngineProfile:
+class EngineProfile(AdmissionParams):
     name: str
     source: str  # citation of the measurements this profile is calibrated from
     # step-time model (seconds)
@@ -63,17 +81,6 @@ class EngineProfile:
     hbm_bandwidth_bytes_s: float = 0.0
     weight_bytes: int = 0
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN_8B
-    # admission semantics of the engine: "vllm" (v1: no KV reserved for future output) or "sglang"
-    # (reserve KV for expected output, new-token-ratio schedule, retraction; engine/sglang.py).
-    # The sgl_* fields are SGLang's parameters (v0.4.6.post5 defaults) and only used in "sglang" mode.
-    admission: str = "vllm"
-    sgl_init_new_token_ratio: float = 0.7
-    sgl_min_new_token_ratio_factor: float = 0.14
-    sgl_new_token_ratio_decay_steps: int = 600
-    sgl_schedule_conservativeness: float = 1.0
-    sgl_clip_max_new_tokens: int = 4096
-    sgl_retract_decode_steps: int = 20
-    sgl_max_prefill_tokens: int = 16384
 
     def __post_init__(self) -> None:
         for f in ("step_base_s", "prefill_per_token_s", "decode_per_seq_s",
@@ -101,9 +108,7 @@ class EngineProfile:
 
 ADMISSION_MODES = ("vllm", "sglang")
 #: the admission fields an EngineProfile and an EngineConfig share (copied by EngineConfig.from_profile)
-ADMISSION_FIELDS = ("admission", "sgl_init_new_token_ratio", "sgl_min_new_token_ratio_factor",
-                    "sgl_new_token_ratio_decay_steps", "sgl_schedule_conservativeness",
-                    "sgl_clip_max_new_tokens", "sgl_retract_decode_steps", "sgl_max_prefill_tokens")
+ADMISSION_FIELDS = tuple(f.name for f in fields(AdmissionParams))
 
 
 def check_admission(obj, what: str) -> None:
