@@ -153,7 +153,7 @@ class RequestPath:
         for _ in range(3):
             try:
                 sel = self.router.selector
-                if sel is not None and (self.local.local_slots() <= 0 or sel.config.forward_before_saturation):
+                if sel is not None and (sel.config.forward_before_saturation or self.local.local_slots() <= 0):
                     # the queue ahead only enters the stay cost: priced when the local layer has no free
                     # slot, or on every decision when the selector forwards before saturation
                     self.set_queue_ahead(waiting)
