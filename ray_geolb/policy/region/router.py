@@ -169,6 +169,13 @@ class RegionRouter:
         self.queue_len = queue_len
         self.queued_tokens = queued_tokens
 
+    def allowed_regions_of(self, req: RouteRequest):
+        """The regions ``req`` may be served in here: its own ``allowed_regions`` narrowed by its
+        tenant's (``tenant_regions``); None = any. Applies the narrowing to ``req`` (idempotent), as
+        :meth:`decide` does -- callers that decide without it (a fallback) use this."""
+        self._apply_tenant(req)
+        return req.allowed_regions
+
     def _apply_tenant(self, req: RouteRequest) -> None:
         """Narrow ``req.allowed_regions`` by its tenant's regions (idempotent; may become empty)."""
         regions = self.config.tenant_regions.get(req.tenant) if req.tenant is not None else None

@@ -166,10 +166,7 @@ class RequestPath:
                 err = e
         self.counts["decide_errors"] += 1
         logger.warning("region %s: decide failed 3 times (%r); deciding by local availability", self.region, err)
-        allowed = rreq.allowed_regions
-        rule = self.router.config.tenant_regions.get(rreq.tenant) if rreq.tenant is not None else None
-        if rule is not None:  # the tenant's regions, as RegionRouter.decide would have applied them
-            allowed = frozenset(rule) if allowed is None else allowed & frozenset(rule)
+        allowed = self.router.allowed_regions_of(rreq)  # the tenant's regions too, as decide applies them
         if allowed is not None and self.region not in allowed:
             # residency holds on the fallback too: never local outside allowed_regions; wait for a
             # decision that works (the queue's deadline answers 503 if none comes)
