@@ -10,9 +10,11 @@
   >= 0), aggregated the same way (queued tokens and in-flight summed, replicas max, others mean)
   and relayed to every peer as ``PeerState.extra``;
 * **measured RTTs** -- ``rtts[src][dst]`` in seconds, as each ingress measured them (EWMA of pings);
-* **regional snapshots** -- what the region forwarded to each peer, as ``PrefixIndex.snapshot()``
-  dicts, trimmed to ``max_snapshot_nodes`` (most recently used nodes kept, parents before children),
-  so a restarted ingress reloads its snapshot.
+* **regional snapshots** -- what the region forwarded to each peer, mirrored by bounded deltas (at
+  most ``max_snapshot_rows`` rows per heartbeat; ``snapshot_sync.py`` has both ends of the protocol),
+  kept per source, trimmed to ``max_snapshot_nodes`` (most recently used nodes kept, parents before
+  children), so a restarted ingress reloads its snapshot. A heartbeat's reply acknowledges the
+  version it now holds for the sender (``snapshot_acks``).
 
 Memory is bounded: at most ``max_regions`` regions, ``max_sources_per_region`` sources each (oldest
 dropped), ``max_snapshot_nodes`` per snapshot, and a region not heard from for ``drop_after_s`` is
@@ -34,6 +36,8 @@ import math
 import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
+
+from ray_geolb.serve.snapshot_sync import DEFAULT_MAX_ROWS, SnapshotStore, trim_snapshot
 
 logger = logging.getLogger("ray_geolb.registry")
 
@@ -100,29 +104,6 @@ def _finite_nonneg(x, what):
     return x
 
 
-def trim_snapshot(snap: Optional[dict], max_nodes: int) -> Optional[dict]:
-    """Keep at most ``max_nodes`` nodes of a ``PrefixIndex.snapshot()``: the most recently used ones.
-
-    A parent was touched at least as recently as any of its children (inserts touch the whole path),
-    and among equal times shorter (parent) nodes sort first, so a parent is never dropped while one
-    of its children is kept.
-    """
-    if snap is None:
-        return None
-    if not isinstance(snap, dict) or "nodes" not in snap or "geometry" not in snap:
-        raise ValueError("snapshot must be a PrefixIndex.snapshot() dict with 'geometry' and 'nodes'")
-    nodes = snap["nodes"]
-    if len(nodes) <= max_nodes:
-        return snap
-
-    def recency(row):
-        targets = row[4] or {}
-        return (-max(targets.values(), default=0.0), row[3])
-
-    kept = sorted(nodes, key=recency)[:max_nodes]
-    return {"geometry": snap["geometry"], "nodes": kept, "trimmed_from": len(nodes)}
-
-
 class RegistryState:
     """The registry's data and rules, without Ray (see the module docstring)."""
 
@@ -133,11 +114,12 @@ class RegistryState:
         fresh_s: float = 3.0,
         drop_after_s: float = 60.0,
         max_snapshot_nodes: int = 20_000,
+        max_snapshot_rows: int = 5 * DEFAULT_MAX_ROWS,
         clock: Callable[[], float] = time.monotonic,
         secret: Optional[str] = None,
     ):
         for name, v in (("max_regions", max_regions), ("max_sources_per_region", max_sources_per_region),
-                        ("max_snapshot_nodes", max_snapshot_nodes)):
+                        ("max_snapshot_nodes", max_snapshot_nodes), ("max_snapshot_rows", max_snapshot_rows)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         _finite_nonneg(fresh_s, "fresh_s")
@@ -154,8 +136,7 @@ class RegistryState:
         # region -> source -> {"available_replicas", "queue_len", "t"}
         self._sources: Dict[str, Dict[str, dict]] = {}
         self._rtts: Dict[str, Dict[str, float]] = {}
-        self._snapshots: Dict[str, dict] = {}
-        self._snapshot_versions: Dict[str, int] = {}
+        self._snapshots = SnapshotStore(max_snapshot_nodes, max_snapshot_rows)
         self.started_at = clock()
         self.heartbeats = 0
         self.rejected = 0
@@ -173,6 +154,7 @@ class RegistryState:
         """
         now = self._clock()
         errors: List[str] = []
+        acks: Dict[str, Optional[int]] = {}
         if not isinstance(items, (list, tuple)):
             items = [items]
         for item in items:
@@ -187,8 +169,20 @@ class RegistryState:
             except (ValueError, TypeError, KeyError) as e:
                 self.rejected += 1
                 errors.append(str(e))
+                continue
+            region, source = item["region"], str(item.get("source") or item["region"])
+            if "snapshot" in item:
+                errors.append("heartbeat.snapshot (a whole snapshot) is not accepted: send snapshot_delta")
+            if item.get("snapshot_delta") is not None:
+                acks[source], err = self._snapshots.apply(region, source, item["snapshot_delta"], now)
+                if err:
+                    errors.append(err)
+            else:
+                acks[source] = self._snapshots.held(region, source)
         self._prune(now)
         table = self.table(now)
+        if acks:
+            table["snapshot_acks"] = acks
         if errors:
             table["errors"] = errors[:10]
         return table
@@ -210,14 +204,11 @@ class RegistryState:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"heartbeat.{name} must be an integer >= 0, got {v!r}")
         rtts = item.get("rtts") or {}
-        if not isinstance(rtts, dict):
-            raise ValueError("heartbeat.rtts must be a dict {peer: seconds}")
+        if not isinstance(rtts, dict) or len(rtts) > self.max_regions:
+            raise ValueError(f"heartbeat.rtts must be a dict {{peer: seconds}} of at most {self.max_regions} peers")
         clean_rtts = {peer: float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
                       for peer, v in rtts.items() if isinstance(peer, str) and peer != region}
         extra = validate_extra(item.get("extra"))
-        snap = item.get("snapshot")
-        if snap is not None:
-            snap = trim_snapshot(snap, self.max_snapshot_nodes)  # validates
         # validated: now mutate
         if region not in self._sources and len(self._sources) >= self.max_regions:
             oldest = min(self._sources, key=lambda r: max(s["t"] for s in self._sources[r].values()))
@@ -232,16 +223,11 @@ class RegistryState:
             if len(mine) > self.max_regions:
                 for peer in [p for p in mine if p not in self._sources][: len(mine) - self.max_regions]:
                     del mine[peer]
-        if snap is not None:
-            self._snapshots[region] = snap
-            self._snapshot_versions[region] = int(item.get("snapshot_version",
-                                                           self._snapshot_versions.get(region, 0) + 1))
 
     def _forget(self, region: str) -> None:
         self._sources.pop(region, None)
         self._rtts.pop(region, None)
-        self._snapshots.pop(region, None)
-        self._snapshot_versions.pop(region, None)
+        self._snapshots.forget(region)
         for m in self._rtts.values():
             m.pop(region, None)
 
@@ -273,18 +259,20 @@ class RegistryState:
         return {
             "regions": regions,
             "rtts": {r: dict(m) for r, m in self._rtts.items()},
-            "snapshot_versions": dict(self._snapshot_versions),
+            "snapshot_versions": self._snapshots.versions(),
             "uptime_s": now - self.started_at,
         }
 
     def snapshot(self, region: str) -> Optional[dict]:
-        return self._snapshots.get(region)
+        return self._snapshots.snapshot(region)
 
     def stats(self) -> dict:
         return {
             "regions": len(self._sources),
             "sources": sum(len(s) for s in self._sources.values()),
-            "snapshot_nodes": {r: len(s["nodes"]) for r, s in self._snapshots.items()},
+            "snapshot_nodes": self._snapshots.nodes(),
+            "snapshot_rows_received": self._snapshots.rows_received,
+            "snapshot_deltas_refused": self._snapshots.refused,
             "heartbeats": self.heartbeats,
             "rejected": self.rejected,
             "unauthenticated": self.unauthenticated,

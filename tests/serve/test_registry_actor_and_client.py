@@ -1,6 +1,7 @@
 """RegionRegistry: pure state rules, then the real detached actor + RegistryClient on a local Ray."""
 
 import asyncio
+import json
 import time
 
 import pytest
@@ -9,6 +10,7 @@ from ray_geolb.policy.prefix_index import PrefixIndex
 from ray_geolb.serve.latency import LatencyInjector
 from ray_geolb.serve.registry import RegistryState, trim_snapshot
 from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
+from ray_geolb.serve.snapshot_sync import SnapshotWriter
 
 
 class FakeClock:
@@ -167,22 +169,105 @@ def test_rtts_stored_and_peer_states_use_own_measurement():
     assert p["us"].rtt_s == pytest.approx(0.17)
 
 
-def test_snapshot_bounded_and_reloadable():
+def _mirror(writer, state, snapshot, region="us", source="us/1", max_beats=100):
+    """Heartbeat ``writer``'s deltas into ``state`` until the registry holds ``snapshot``; returns the
+    JSON size in bytes of each heartbeat's delta."""
+    sizes = []
+    for _ in range(max_beats):
+        delta = writer.delta(snapshot)
+        if delta is None:
+            return sizes
+        sizes.append(len(json.dumps(delta)))
+        table = state.heartbeat_batch([hb(region, 1, source=source, snapshot_delta=delta)])
+        assert "errors" not in table, table["errors"]
+        writer.acknowledge(table["snapshot_acks"][source])
+    raise AssertionError("the snapshot never got across")
+
+
+def _forwards(idx, lo, hi):
+    for i in range(lo, hi):
+        idx.insert(f"shared-system-prompt/{i % 37:04d}/{i:05d}/" + "x" * 40, "eu" if i % 2 else "asia", now=float(i))
+
+
+def test_snapshot_mirrored_by_bounded_deltas_and_reloadable():
     idx = PrefixIndex(block_chars=8, growth=0.0)
-    for i in range(50):
-        idx.insert(f"shared-system-prompt/{i:04d}/" + "x" * 40, "eu" if i % 2 else "asia", now=float(i))
+    _forwards(idx, 0, 400)
+    snap = idx.snapshot()
+    n = len(snap["nodes"])
+    st = RegistryState(clock=FakeClock())
+    w = SnapshotWriter(max_rows=500)
+    sizes = _mirror(w, st, snap)
+    assert len(sizes) == -(-n // 500)  # cut into heartbeats of at most 500 rows each
+    full = len(json.dumps(snap))
+    assert max(sizes) < full / 2
+    copy = PrefixIndex(block_chars=8, growth=0.0)
+    copy.load_snapshot(st.snapshot("us"))
+    copy.check_invariants()
+    assert len(copy.snapshot()["nodes"]) == n
+    # a few more forwards: the next heartbeat carries only the rows they changed
+    _forwards(idx, 400, 410)
+    snap2 = idx.snapshot()
+    sizes2 = _mirror(w, st, snap2)
+    assert len(sizes2) == 1 and sizes2[0] < full / 20, (sizes2, full)
+    copy2 = PrefixIndex(block_chars=8, growth=0.0)
+    copy2.load_snapshot(st.snapshot("us"))
+    assert sorted(map(str, copy2.snapshot()["nodes"])) == sorted(map(str, snap2["nodes"]))
+    assert w.delta(snap2) is None  # in sync: nothing to send
+    assert st.table()["snapshot_versions"]["us"] == w.version
+
+
+def test_registry_restart_or_lost_delta_makes_the_writer_reset():
+    idx = PrefixIndex(block_chars=8, growth=0.0)
+    _forwards(idx, 0, 100)
+    st = RegistryState(clock=FakeClock())
+    w = SnapshotWriter(max_rows=10_000)
+    _mirror(w, st, idx.snapshot())
+    # the registry restarts, empty: its reply acknowledges nothing from us
+    st2 = RegistryState(clock=FakeClock())
+    t = st2.heartbeat_batch([hb("us", 1, source="us/1")])
+    w.acknowledge(t["snapshot_acks"]["us/1"])
+    assert not w.in_sync()
+    d = w.delta(idx.snapshot())
+    assert d["reset"] and len(d["upsert"]) == len(idx.snapshot()["nodes"])
+    # a delta whose base the registry does not hold is refused, the heartbeat's figures still apply
+    _forwards(idx, 100, 105)
+    stale = {**w.delta(idx.snapshot()), "base": 99, "reset": False}
+    t = st2.heartbeat_batch([hb("us", 3, source="us/1", snapshot_delta=stale)])
+    assert t["regions"]["us"]["available_replicas"] == 3
+    assert any("reset" in e for e in t["errors"]) and t["snapshot_acks"]["us/1"] is None
+
+
+@pytest.mark.parametrize("delta, needle", [
+    ("junk", "must be a dict"),
+    ({"version": 1, "reset": True, "geometry": [8, 0.0], "upsert": [[1, -1, 0, 8, {}]]}, "targets"),
+    ({"version": 1, "reset": True, "geometry": [8, 0.0], "upsert": [[1, -1, 9, 8, {"eu": 1.0}]]}, "out of order"),
+    ({"version": 1, "reset": False, "geometry": [8, 0.0]}, "base"),
+    ({"version": 1, "reset": True, "geometry": [8, 0.0], "remove": list(range(11))}, "at most 10"),
+])
+def test_malformed_snapshot_deltas_are_refused_by_name(delta, needle):
+    st = RegistryState(clock=FakeClock(), max_snapshot_rows=10)
+    t = st.heartbeat_batch([hb("us", 2, source="us/1", snapshot_delta=delta)])
+    assert t["regions"]["us"]["available_replicas"] == 2
+    assert any(needle in e for e in t["errors"]), t["errors"]
+    assert st.snapshot("us") is None
+
+
+def test_whole_snapshots_are_refused_and_stored_copies_are_bounded():
+    idx = PrefixIndex(block_chars=8, growth=0.0)
+    _forwards(idx, 0, 200)
     snap = idx.snapshot()
     n = len(snap["nodes"])
     st = RegistryState(clock=FakeClock(), max_snapshot_nodes=n // 3)
-    st.heartbeat_batch([hb("us", 1, snapshot=snap, snapshot_version=7)])
+    t = st.heartbeat_batch([hb("us", 1, snapshot=snap)])
+    assert any("snapshot_delta" in e for e in t["errors"]) and st.snapshot("us") is None
+    _mirror(SnapshotWriter(), st, snap)
     stored = st.snapshot("us")
     assert len(stored["nodes"]) == n // 3 and stored["trimmed_from"] == n
-    assert st.table()["snapshot_versions"]["us"] == 7
     idx2 = PrefixIndex(block_chars=8, growth=0.0)
     idx2.load_snapshot(stored)
     idx2.check_invariants()
-    # the most recent prompt (i=49, forwarded to eu) survives the trim
-    assert idx2.longest("shared-system-prompt/0049/" + "x" * 40)[0] == ["eu"]
+    # the most recent forward (i=199, to eu) survives the trim
+    assert idx2.longest(f"shared-system-prompt/{199 % 37:04d}/00199/" + "x" * 40)[0] == ["eu"]
 
 
 def test_trim_keeps_parents():

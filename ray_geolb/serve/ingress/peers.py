@@ -8,9 +8,11 @@ Background work only -- never on a request's path:
 * RTT probes: every ``rtt_probe_period_s`` each peer ingress is pinged through the injected
   inter-region latency and the sample goes to ``RegionRouter.observe_rtt`` -- the region layer's one
   RTT estimate, reported to the registry with the heartbeat and read back as ``PeerState.rtt_s``;
-* the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry with
-  the heartbeat at most every ``snapshot_period_s`` after it changed, sent again if the registry
-  restarted, and reloaded from it once when this ingress restarts.
+* the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry by
+  bounded deltas (``snapshot_sync.py``: at most ``snapshot_max_rows`` rows per heartbeat) at most
+  every ``snapshot_period_s`` after it changed, sent again whole (in chunks) when the registry does
+  not acknowledge the version this ingress sent (it restarted, a heartbeat was lost), and reloaded
+  from it once when this ingress restarts.
 
 It also hands out the peers' ingress handles for forwards, and the :class:`LatencyInjector` of the
 inter-region hops.
@@ -29,6 +31,7 @@ from ray_geolb.policy.region import PeerState, RegionRouter
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.latency import LatencyInjector
 from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
+from ray_geolb.serve.snapshot_sync import SnapshotWriter
 
 from .config import INGRESS_DEPLOYMENT, IngressConfig
 
@@ -61,8 +64,8 @@ class PeerMesh:
         self.snapshot_loaded = False
         self._handles: Dict[str, Any] = {}
         self._snapshot_dirty = False
-        self._snapshot_version = 0
         self._snapshot_sent_at = 0.0
+        self.snapshot_writer = SnapshotWriter(cfg.snapshot_max_rows)
         self._tasks: List[asyncio.Task] = []
         for peer in cfg.peers:  # known but unheard: unavailable until a heartbeat says otherwise
             router.update_peer(PeerState(peer, 0, 0, float("-inf")))
@@ -108,10 +111,11 @@ class PeerMesh:
         if rep.get("extra"):
             hb["extra"] = rep["extra"]
         now = self._clock()
-        if self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s:
-            self._snapshot_version += 1
-            hb["snapshot"] = self.router.snapshot.snapshot()
-            hb["snapshot_version"] = self._snapshot_version
+        w = self.snapshot_writer
+        if w.pending or (self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s):
+            delta = w.delta(self.router.snapshot.snapshot())
+            if delta is not None:
+                hb["snapshot_delta"] = delta
             self._snapshot_sent_at = now
             self._snapshot_dirty = False
         return hb
@@ -120,8 +124,10 @@ class PeerMesh:
         for ps in peer_states_from_table(table, received_at, self.region):
             if ps.region in self.cfg.peers:
                 self.router.update_peer(ps)
-        if self.region not in table.get("snapshot_versions", {}) and self.router.snapshot.num_nodes:
-            self._snapshot_dirty = True  # the registry restarted: send our snapshot again
+        w = self.snapshot_writer
+        w.acknowledge((table.get("snapshot_acks") or {}).get(self.source))
+        if not w.in_sync() and (w.version or self.router.snapshot.num_nodes):
+            self._snapshot_dirty = True  # the registry does not hold what we sent (restarted, lost a delta)
         self._on_peers_changed()
 
     async def _load_snapshot(self) -> None:
