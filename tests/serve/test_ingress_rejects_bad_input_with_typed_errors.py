@@ -286,3 +286,125 @@ def test_a_peer_that_answers_429_is_skipped_and_the_request_goes_elsewhere():
     meta, out = asyncio.run(ing.process(ctx))
     assert len(tried) == 2 and set(tried) == {"eu", "asia"} and meta["region"] == tried[1] and out == {"ok": True}
     assert tried[0] not in ing.available_peers()  # unavailable until its next heartbeat (it answered: not down)
+
+
+# -------------------------------------------------------------------------------------- one deadline per request
+class _SlowModel:
+    """A replica that never answers a non-streamed request; counts the calls cancelled."""
+
+    def __init__(self):
+        self.cancelled = 0
+
+    async def complete(self, ctx):
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+
+
+def test_the_deadline_comes_from_config_or_the_clients_shorter_header():
+    import time
+
+    ctx = parse(chat("hi"))
+    assert 299 < ctx.remaining_s() <= 300  # request_timeout_s
+    short = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "2.5"}, "chat", CFG,
+                          origin="us", request_id="r")
+    assert 2.4 < short.deadline - time.monotonic() <= 2.5
+    longer = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "9999"}, "chat", CFG,
+                           origin="us", request_id="r")
+    assert longer.remaining_s() <= 300  # a client can shorten the deadline, never lengthen it
+    for bad in ("0", "-1", "nan", "soon"):
+        with pytest.raises(GeoHTTPError) as e:
+            parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": bad}, "chat", CFG,
+                          origin="us", request_id="r")
+        assert e.value.status == 400 and e.value.param == "x-geolb-timeout-s"
+
+
+def test_the_deadline_travels_with_a_forward_as_the_time_left():
+    from ray_geolb.policy.region import RegionDecision
+    from ray_geolb.serve.ingress.context import RequestContext
+
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "5"}, "chat", CFG,
+                        origin="us", request_id="r")
+    fmeta = ctx.wire(0.0, RegionDecision("forward", "eu", 0, "test"))
+    assert 4.9 < fmeta["deadline_in_s"] <= 5
+    there = RequestContext.from_wire(ctx.body, ctx.text, fmeta, stream=False)
+    assert 4.8 < there.remaining_s() <= 5
+    capped = RequestContext.from_wire(ctx.body, ctx.text, fmeta, stream=False, max_timeout_s=1.0)
+    assert capped.remaining_s() <= 1.0  # the peer's own request_timeout_s bounds it too
+    legacy = RequestContext.from_wire(ctx.body, ctx.text, {k: v for k, v in fmeta.items() if k != "deadline_in_s"},
+                                      stream=False)
+    assert legacy.deadline is None
+
+
+def test_a_local_call_past_the_deadline_is_504_cancelled_and_returns_its_slot():
+    ing = RequestPath(CFG.model_dump(), geo_router=lambda: None)
+    ing.llm = _SlowModel()
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "0.3"}, "chat", CFG,
+                        origin="us", request_id="d1")
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(ing.process(ctx))
+    assert e.value.status == 504 and e.value.type == "deadline_exceeded" and "x-geolb-timeout-s" in e.value.message
+    assert ing.llm.cancelled == 1 and ing.accounting()["local_unrouted"] == 0
+    assert ing.counters["deadline_exceeded"] == 1
+
+
+def test_a_forwarded_request_keeps_the_origins_deadline_at_the_peer():
+    ing = RequestPath(CFG.model_dump(), geo_router=lambda: None)
+    ing.llm = _SlowModel()
+    fmeta = {"hops": 1, "origin": "eu", "max_tokens": 16, "request_id": "f2", "stream": False, "deadline_in_s": 0.3}
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(asyncio.wait_for(ing.forwarded(chat("hi"), fmeta, stream=False), 10))
+    assert e.value.status == 504 and e.value.type == "deadline_exceeded" and ing.llm.cancelled == 1
+
+
+def test_a_forward_that_times_out_is_504_and_never_sent_to_a_second_region():
+    """A peer that was sent the request and did not answer in time may still be serving it: the
+    origin cancels it there and answers 504 rather than retry elsewhere (nothing is served twice),
+    and does not mark a slow peer unreachable."""
+    from types import SimpleNamespace
+
+    from ray_geolb.policy import ReplicaStats, build_policy
+    from ray_geolb.policy.region import PeerState
+    from ray_geolb.serve.clock import policy_now
+
+    geo = build_policy("geoprefix", targets=["r1"])
+    geo.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
+    fake = SimpleNamespace(policy=geo, num_available=lambda: 0, free_slots=lambda: 0, queue_len=lambda: 0,
+                           queued_tokens=lambda: 0.0, decision=lambda rid: None)
+    cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
+                        two_layer={"remote": "nearest"}, latency={"scale": 0.0})
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: fake)
+    for peer, rtt in (("eu", 0.05), ("asia", 0.15)):
+        ing.router.update_peer(PeerState(peer, 2, 0, policy_now()))
+        ing.router.observe_rtt(peer, rtt)
+    sent = []
+
+    class _Silent:
+        def __init__(self, peer):
+            self.peer = peer
+            self.cancelled = 0
+
+        def __await__(self):
+            return asyncio.sleep(3600).__await__()
+
+        def cancel(self):
+            self.cancelled += 1
+
+    def handle(peer):
+        def remote(body, fmeta):
+            sent.append((peer, fmeta, _Silent(peer)))
+            return sent[-1][2]
+
+        return SimpleNamespace(forwarded=SimpleNamespace(remote=remote))
+
+    ing.peers.handle = handle
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "0.4"}, "chat", cfg,
+                        origin="us", request_id="t1")
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(ing.process(ctx))
+    assert e.value.status == 504 and e.value.type == "deadline_exceeded"
+    assert len(sent) == 1 and sent[0][2].cancelled == 1  # one region only, told to stop
+    assert 0 < sent[0][1]["deadline_in_s"] <= 0.4
+    assert sent[0][0] in ing.available_peers()  # slow is not down

@@ -63,6 +63,13 @@ class IngressConfig(BaseModel):
     snapshot_max_rows: int = Field(2000, ge=1, le=100_000)
     default_max_tokens: int = Field(16, ge=1)
     max_tokens_limit: int = Field(8192, ge=1)
+    #: one deadline per request, from its arrival at the origin to the start of its response (non-streamed:
+    #: the whole response; streamed: the first token), carried across the hop as the time left and never
+    #: restarted by a retry. A client may shorten it with the header ``x-geolb-timeout-s``. Passed while
+    #: the request waits for capacity: 503 ``wait_timeout``; while a replica or peer works on it: 504
+    #: ``deadline_exceeded`` (the work is cancelled, never retried elsewhere: nothing is served twice)
+    request_timeout_s: float = Field(300.0, gt=0)
+    #: the most one forward attempt may take (within the request's deadline)
     forward_timeout_s: float = Field(300.0, gt=0)
     #: streams: the first item (a forward's metadata, a local stream's first token) must come within
     #: this, and then each next token within ``stream_idle_timeout_s``; else the stream ends with a

@@ -7,6 +7,8 @@ whole down the request path (admission, local run, forward) instead of a long pa
 
 from __future__ import annotations
 
+import math
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Optional
@@ -45,6 +47,15 @@ class RequestContext:
     #: the tenant, from the header the operator names (``IngressConfig.tenant_header``); its regions
     #: (``two_layer.tenant_regions``) narrow ``allowed`` at every hop
     tenant: Optional[str] = None
+    #: when the response must have started, on this process's monotonic clock (None: no deadline). Set
+    #: at the origin from ``IngressConfig.request_timeout_s`` (or the client's shorter
+    #: ``x-geolb-timeout-s``) and carried to a peer as the time left (:meth:`wire`), so a retry or a
+    #: forward never restarts it. Non-streamed: the whole response; streamed: its first token.
+    deadline: Optional[float] = None
+
+    def remaining_s(self) -> float:
+        """Seconds left before the deadline (inf without one; <= 0: passed)."""
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
 
     def route_request(self) -> RouteRequest:
         """The policy core's view of this request."""
@@ -57,18 +68,26 @@ class RequestContext:
                 "allowed_regions": sorted(self.allowed) if self.allowed is not None else None,
                 "session": self.session, "stream": self.stream, "max_tokens": self.max_tokens,
                 "request_id": self.request_id, "waited_ms": wait_ms, "kind": self.kind,
-                "forward_reason": decision.reason, "forward_matched": decision.matched, "tenant": self.tenant}
+                "forward_reason": decision.reason, "forward_matched": decision.matched, "tenant": self.tenant,
+                "deadline_in_s": None if self.deadline is None else max(0.0, self.remaining_s())}
 
     @classmethod
-    def from_wire(cls, body: Dict[str, Any], text: str, fmeta: dict, *, stream: bool) -> "RequestContext":
-        """The context of a request a peer forwarded here (``hops >= 1``: it is never forwarded again)."""
+    def from_wire(cls, body: Dict[str, Any], text: str, fmeta: dict, *, stream: bool,
+                  max_timeout_s: float = math.inf) -> "RequestContext":
+        """The context of a request a peer forwarded here (``hops >= 1``: it is never forwarded again).
+        Its deadline: the time the origin had left when it sent it, at most ``max_timeout_s``."""
+        left = fmeta.get("deadline_in_s")
+        if isinstance(left, bool) or not isinstance(left, (int, float)) or not left >= 0:
+            left = math.inf  # an origin without deadlines
+        budget = min(float(left), max_timeout_s)
         allowed = frozenset(fmeta["allowed_regions"]) if fmeta.get("allowed_regions") else None
         return cls(body=body, text=text, stream=stream, max_tokens=int(fmeta["max_tokens"]), allowed=allowed,
                    hops=max(1, int(fmeta.get("hops", 1))), origin=fmeta.get("origin", "?"),
                    session=fmeta.get("session"), request_id=fmeta.get("request_id") or new_request_id(),
                    waited_ms=float(fmeta.get("waited_ms", 0.0)), max_wait_s=fmeta.get("max_wait_s"),
                    kind=fmeta.get("kind") or ("chat" if "messages" in body else "completion"),
-                   tenant=fmeta.get("tenant") if isinstance(fmeta.get("tenant"), str) else None)
+                   tenant=fmeta.get("tenant") if isinstance(fmeta.get("tenant"), str) else None,
+                   deadline=None if math.isinf(budget) else time.monotonic() + budget)
 
 
 def serve_request_id() -> Optional[str]:

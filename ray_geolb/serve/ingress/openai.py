@@ -4,7 +4,7 @@
   (bad JSON, a missing/empty ``messages`` or ``prompt``, a bad ``max_tokens`` or ``stream``, an unknown
   ``allowed_regions`` entry -> HTTP 400 naming the problem; an unknown ``model`` -> 404), and
   :func:`parse_request` adds what the headers say (``x-allowed-regions``, ``x-geolb-max-wait-s``,
-  ``x-session-id``) to build the :class:`~.context.RequestContext`. ``allowed_regions`` (header
+  ``x-geolb-timeout-s``, ``x-session-id``) to build the :class:`~.context.RequestContext`. ``allowed_regions`` (header
   ``x-allowed-regions: us,eu`` or body field; both: their intersection) is enforced on both layers:
   a request may wait or be refused (403), never be sent outside its set.
 * Headers: internal ``x-geolb-*`` request headers are dropped (:func:`client_headers`). Every response
@@ -25,6 +25,7 @@ import hmac
 import json
 import math
 import re
+import time
 from typing import Any, AsyncIterator, Dict, FrozenSet, Mapping, Optional
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -44,7 +45,7 @@ __all__ = [
 ADMIN_TOKEN_HEADER = "x-geolb-admin-token"
 #: the only ``x-geolb-*`` request headers a client may send; every other one (hop count, origin, ...)
 #: is internal and dropped by :func:`client_headers` before anything reads or passes headers on
-CLIENT_GEOLB_HEADERS = frozenset({"x-geolb-max-wait-s"})
+CLIENT_GEOLB_HEADERS = frozenset({"x-geolb-max-wait-s", "x-geolb-timeout-s"})
 #: response headers every client gets; the rest only with ``debug`` or the admin token
 PUBLIC_RESPONSE_HEADERS = ("region", "route", "origin")
 
@@ -191,16 +192,9 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
         if not allowed:
             raise GeoHTTPError(400, "header x-allowed-regions and body allowed_regions have no region "
                                     "in common", param="allowed_regions")
-    max_wait_s = None
-    mw = headers_in.get("x-geolb-max-wait-s")
-    if mw is not None:
-        try:
-            max_wait_s = float(mw)
-        except ValueError:
-            max_wait_s = float("nan")
-        if not (math.isfinite(max_wait_s) and max_wait_s >= 0):
-            raise GeoHTTPError(400, f"header x-geolb-max-wait-s must be a number >= 0, got {mw!r}",
-                               param="x-geolb-max-wait-s")
+    max_wait_s = _header_seconds(headers_in, "x-geolb-max-wait-s", minimum_excluded=False)
+    timeout_s = _header_seconds(headers_in, "x-geolb-timeout-s", minimum_excluded=True)
+    budget = cfg.request_timeout_s if timeout_s is None else min(cfg.request_timeout_s, timeout_s)
     session = headers_in.get("x-session-id") or (body.get("user") if isinstance(body.get("user"), str) else None)
     tenant = None
     if cfg.tenant_header:
@@ -210,7 +204,22 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
                                     f"'.', '_' or '-'", param=cfg.tenant_header)
     return RequestContext(body=body, text=text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
                           origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s,
-                          kind=kind, tenant=tenant)
+                          kind=kind, tenant=tenant, deadline=time.monotonic() + budget)
+
+
+def _header_seconds(headers_in: Mapping[str, str], name: str, *, minimum_excluded: bool) -> Optional[float]:
+    """A header holding seconds (a finite number >= 0, or > 0), or None when absent; else 400."""
+    raw = headers_in.get(name)
+    if raw is None:
+        return None
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and (v > 0 if minimum_excluded else v >= 0)):
+        bound = "> 0" if minimum_excluded else ">= 0"
+        raise GeoHTTPError(400, f"header {name} must be a number {bound}, got {raw[:40]!r}", param=name)
+    return v
 
 
 # ---------------------------------------------------------------------------------------------- the operator rule

@@ -57,7 +57,7 @@ _now = policy_now  # the router's clock (serve/clock.py): ages in its tree and p
 #: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
 #: wait_timeout are the admission queue's)
 COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
-            "errors", "forward_failures", "bad_requests", "decide_errors")
+            "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded")
 #: forward attempts per request (each failed one excludes its peer until that peer's next heartbeat)
 FORWARD_ATTEMPTS = 3
 
@@ -245,8 +245,14 @@ class RequestPath:
         excluded: set = set()
         last_429: Optional[GeoHTTPError] = None
         for _ in range(FORWARD_ATTEMPTS):
+            left = ctx.remaining_s()
+            if left <= 0:  # a forward attempt used it up: nothing started, so 503 like a wait timeout
+                self.admission.counts["wait_timeout"] += 1
+                raise GeoHTTPError(503, f"region {self.region}: the request's deadline passed before it could be "
+                                        f"served (request_timeout_s / x-geolb-timeout-s)",
+                                   type_="wait_timeout", retry_after_s=self.cfg.retry_after_s, region=self.region)
             t0 = _now()
-            d = await self.admission.admit(rreq, ctx.max_wait_s)
+            d = await self.admission.admit(rreq, left if ctx.max_wait_s is None else min(ctx.max_wait_s, left))
             wait_ms = ctx.waited_ms + (_now() - t0) * 1000.0
             if d.kind == "reject":
                 self.counts["rejected"] += 1
@@ -291,7 +297,9 @@ class RequestPath:
         self.counts["forwarded_in"] += 1
         try:
             body = PromptBody(body)
-            return await self.process(RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream))
+            ctx = RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream,
+                                           max_timeout_s=self.cfg.request_timeout_s)
+            return await self.process(ctx)
         except GeoHTTPError:
             raise
         except Exception as e:  # noqa: BLE001 - typed for the origin; CancelledError passes
@@ -303,6 +311,17 @@ class RequestPath:
         logger.warning("region %s: request failed: %s", self.region, type(e).__name__, exc_info=e)
         return GeoHTTPError(500, f"region {self.region} failed to serve the request ({type(e).__name__})",
                             type_="server_error", region=self.region)
+
+    def _deadline_exceeded(self, ctx: RequestContext, where: str, per_try_s: float = math.inf) -> GeoHTTPError:
+        """The 504 of a request whose response had not started when its deadline (or a forward
+        attempt's ``forward_timeout_s``) passed; the work on it was cancelled."""
+        if per_try_s < math.inf and ctx.remaining_s() > 0:
+            why = f"region {where} did not answer within forward_timeout_s ({per_try_s:g} s)"
+        else:
+            why = f"the request's deadline passed while region {where} was serving it"
+        self.counts["deadline_exceeded"] += 1
+        return GeoHTTPError(504, f"{why} (request_timeout_s / x-geolb-timeout-s)", type_="deadline_exceeded",
+                            region=where)
 
     def _model_error(self, e: Exception) -> Optional[GeoHTTPError]:
         """The HTTP error a model call's failure maps to, or None (then it is counted in ``errors``)."""
@@ -321,7 +340,9 @@ class RequestPath:
         if ctx.stream:
             return await self._run_local_stream(ctx, d, wait_ms, slot)
         try:
-            res = await self.llm.complete(ctx)
+            res = await asyncio.wait_for(self.llm.complete(ctx), _bound(ctx.remaining_s()))
+        except asyncio.TimeoutError:  # the call is cancelled (complete() cancels its stream)
+            raise self._deadline_exceeded(ctx, self.region) from None
         except GeoHTTPError:
             raise
         except Exception as e:
@@ -337,11 +358,14 @@ class RequestPath:
         gen = None
         try:
             gen = self.llm.stream(ctx)
+            left = ctx.remaining_s()
             try:
-                first = await asyncio.wait_for(gen.__anext__(), self.cfg.first_token_timeout_s)
+                first = await asyncio.wait_for(gen.__anext__(), _bound(min(self.cfg.first_token_timeout_s, left)))
             except StopAsyncIteration:
                 first = NO_TOKEN
             except asyncio.TimeoutError:
+                if left < self.cfg.first_token_timeout_s:
+                    raise self._deadline_exceeded(ctx, self.region) from None
                 raise GeoHTTPError(504, f"region {self.region}: no first token within "
                                         f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
                                    type_="stream_timeout", region=self.region) from None
@@ -387,17 +411,22 @@ class RequestPath:
         # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
         self.router.note_forward(peer)
         self.counts["forwarded_out"] += 1
-        fmeta = ctx.wire(wait_ms, d)
         try:
             h = self.peers.handle(peer)
         except Exception as e:  # noqa: BLE001
             raise ForwardFailed(str(e)) from None
         latency = self.peers.latency
         await latency.hop(self.region, peer)
+        fmeta = ctx.wire(wait_ms, d)  # after the hop: the deadline it carries is the time left on arrival
         if ctx.stream:
             return await self._forward_stream(h, peer, ctx, fmeta, d)
+        resp = h.forwarded.remote(dict(ctx.body), fmeta)
         try:
-            meta, res = await asyncio.wait_for(h.forwarded.remote(dict(ctx.body), fmeta), self.cfg.forward_timeout_s)
+            meta, res = await asyncio.wait_for(resp, _bound(min(self.cfg.forward_timeout_s, ctx.remaining_s())))
+        except asyncio.TimeoutError:
+            # reached and working on it, or silent: typed, never retried elsewhere (no double serving)
+            cancel_quietly(resp)
+            raise self._deadline_exceeded(ctx, peer, self.cfg.forward_timeout_s) from None
         except Exception as e:
             await latency.hop(peer, self.region)
             err = as_http_error(e, peer)
@@ -410,13 +439,16 @@ class RequestPath:
     async def _forward_stream(self, h, peer: str, ctx: RequestContext, fmeta: dict, d: RegionDecision):
         gen = h.options(stream=True).forwarded_stream.remote(dict(ctx.body), fmeta)
         relay = self.peers.latency.relay(gen, peer, self.region)
+        left = ctx.remaining_s()
         try:
-            meta = await asyncio.wait_for(relay.__anext__(), self.cfg.first_token_timeout_s)
+            meta = await asyncio.wait_for(relay.__anext__(), _bound(min(self.cfg.first_token_timeout_s, left)))
         except BaseException as e:  # CancelledError too: the peer must stop working on it
             await aclose_quietly(relay)
             cancel_quietly(gen)
             if not isinstance(e, Exception):
                 raise
+            if isinstance(e, asyncio.TimeoutError) and left < self.cfg.first_token_timeout_s:
+                raise self._deadline_exceeded(ctx, peer) from None
             if isinstance(e, asyncio.TimeoutError):  # reached but silent: typed, not "unreachable"
                 raise GeoHTTPError(504, f"region {peer} did not start the stream within "
                                         f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
@@ -479,6 +511,11 @@ class RequestPath:
             "decisions": dict(self.decisions),
             "config": self.cfg.model_dump(exclude={"admin_token"}),
         }
+
+
+def _bound(seconds: float) -> Optional[float]:
+    """An ``asyncio.wait_for`` timeout: None for no bound (inf), else at least 0."""
+    return None if math.isinf(seconds) else max(0.0, seconds)
 
 
 def _forward_meta(meta: dict, d: RegionDecision) -> dict:
