@@ -51,6 +51,15 @@ benchmark): ToT nodes write 256 tokens each, conversation replies are cut at 256
   Hard because the right split changes with the instantaneous queues, and conversations make every
   forward cost a recompute. RTTs from the shipped IBM Cloud table; SkyLB's L4 profile; 60 s.
 
+* ``shared-context``: shared long contexts from every region (issue 13). Three regions (the default
+  network: us / eu / asia, 98-237 ms), two Mistral-7B A100 replicas each (``mistral-7b-a100``: a
+  4,000-8,000-token context costs 0.4-0.75 s of prefill, more than any RTT here). Group ``rag``: 24
+  clients per region ask about a turning-over pool of 64 live contexts (RAG documents / agent contexts,
+  each asked ~4 times per region, so ~12 times in all, from all three regions at about the same time;
+  ``workloads/shared_context.py``); group ``trace-dealt``: the same pool as a Mooncake-format JSONL trace
+  (Poisson, 8 req/s, each context ~12 times), its rows dealt round-robin over the regions
+  (``trace(region_by="row")``). A per-region LB sees a third of each context's traffic. 120 s.
+
 ``scale`` multiplies client counts and replica counts (rounded, at least 1 per region that has
 any); ``scale=1`` is the paper's size. ``duration_s`` is the simulated time per run.
 """
@@ -65,15 +74,18 @@ __all__ = ["SCENARIOS", "scenario_runs", "run_one", "build_workload", "scenario_
 
 FIG8_SYSTEMS = ["skylb", "skylb-ch", "rr", "ll", "ch", "sgl", "p2c", "ray-prefix", "oracle"]
 DEFAULT_SCALE = {"skylb-fig8": 1.0, "skylb-fig9": 1.0, "skylb-fig10": 1.0, "ray-blog-prefix": 1.0, "gorgo": 1.0,
-                 "network-hard": 1.0}
+                 "network-hard": 1.0, "shared-context": 1.0}
 DEFAULT_DURATION = {"skylb-fig8": 120.0, "skylb-fig9": 120.0, "skylb-fig10": 120.0, "ray-blog-prefix": 3600.0,
-                    "gorgo": 60.0, "network-hard": 60.0}
+                    "gorgo": 60.0, "network-hard": 60.0, "shared-context": 120.0}
 GORGO_SYSTEMS = ["gorgo", "gorgo-proxy", "geoprefix", "skylb", "ll", "sgl"]
 GORGO_REGION_MAP = {"us": "us-west", "eu": "germany", "asia": "israel"}
 HARD_REGION_MAP = {"us": "us-east", "eu": "ca"}
 SKYLB_PROFILE = "llama3.1-8b-l4-sglang"
 SKYLB_TOT_KW = {"max_tokens": 256, "thought_tokens": 256}
 SKYLB_CONV_KW = {"max_tokens": 256}
+SHARED_CONTEXT_SYSTEMS = ["geoprefix", "skylb", "gorgo", "sgl", "ch", "ll", "ray-prefix", "oracle"]
+SHARED_CONTEXT_CLIENTS = {"us": 24, "eu": 24, "asia": 24}
+SHARED_CONTEXT_TRACE_RPS = 8.0
 
 
 def _scaled(d: Dict[str, int], scale: float) -> Dict[str, int]:
@@ -167,6 +179,20 @@ def _network_hard(scale, duration, seed, systems=None, profile=None) -> List[dic
             for s in systems or GORGO_SYSTEMS]
 
 
+def _shared_context(scale, duration, seed, systems=None, profile=None) -> List[dict]:
+    reps = _scaled({"us": 2, "eu": 2, "asia": 2}, scale)
+    closed = {"name": "shared-context", "kw": {"clients": _scaled(SHARED_CONTEXT_CLIENTS, scale), "seed": seed}}
+    dealt = {"name": "shared-context-trace",
+             "kw": {"region_by": "row", "rate_rps": SHARED_CONTEXT_TRACE_RPS * scale,
+                    "requests": int(round(SHARED_CONTEXT_TRACE_RPS * scale * (duration + 10))), "seed": seed}}
+    runs = []
+    for group, wl in (("rag", closed), ("trace-dealt", dealt)):
+        for s in systems or SHARED_CONTEXT_SYSTEMS:
+            runs.append(_run(f"{group}/{s}", group, s, reps, wl, {"duration_s": duration, "seed": seed},
+                             _deploy(profile or "mistral-7b-a100", central_region="us")))
+    return runs
+
+
 SCENARIOS: Dict[str, Callable[..., List[dict]]] = {
     "skylb-fig8": _fig8,
     "skylb-fig9": _fig9,
@@ -174,6 +200,7 @@ SCENARIOS: Dict[str, Callable[..., List[dict]]] = {
     "ray-blog-prefix": _blog,
     "gorgo": _gorgo,
     "network-hard": _network_hard,
+    "shared-context": _shared_context,
 }
 
 

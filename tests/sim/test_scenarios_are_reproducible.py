@@ -63,7 +63,7 @@ def test_scenario_sizes_follow_the_papers():
     with pytest.raises(ValueError, match="unknown scenario"):
         scenario_runs("fig99")
     assert set(scenario_names()) == {"skylb-fig8", "skylb-fig9", "skylb-fig10", "ray-blog-prefix", "gorgo",
-                                     "network-hard"}
+                                     "network-hard", "shared-context"}
     gorgo = scenario_runs("gorgo")
     assert gorgo[0]["replicas"] == {"us-west": 1, "germany": 1, "israel": 1}
     assert sum(gorgo[0]["workload"]["kw"]["clients"].values()) == 10  # GORGO: 10 requests in flight

@@ -17,7 +17,8 @@ Data model
 * ``Workload(name, description, closed | open, meta)``.
 
 Builders: ``conversation``, ``tot``, ``mixed_tot``, ``prefix_repetition``, ``diurnal``, ``servegen``,
-``trace`` and ``by_name("conversation:wildchat" | "tot" | "mixed-tot" | ... | "trace:PATH", **kw)``.
+``trace``, ``shared_context`` / ``shared_context_trace`` (long contexts shared across regions) and
+``by_name("conversation:wildchat" | "tot" | "mixed-tot" | ... | "trace:PATH", **kw)``.
 
 Re-used data: when a region runs out of conversations/questions it starts a new cycle in a fresh
 seeded order; programs of cycle >= 1 are *new users*: ids and session keys get ``#<region>.c<cycle>``
@@ -46,6 +47,7 @@ from .datasets import (
 from .model import Call, ClosedLoopSpec, OpenLoopSpec, Program, ProgramStream, Workload
 from .prefix import prefix_repetition
 from .servegen import servegen
+from .shared_context import shared_context, shared_context_trace
 from .tot import mixed_tot, tot, tot_program, tot_size
 from .trace import trace
 
@@ -66,7 +68,8 @@ def diurnal(clients: dict[str, int] | None = None, base: str = "conversation", *
 
 
 WORKLOAD_NAMES = ("conversation", "conversation:sharegpt", "conversation:wildchat", "tot", "mixed-tot",
-                  "prefix-repetition", "diurnal", "diurnal:tot", "servegen", "trace:PATH")
+                  "prefix-repetition", "diurnal", "diurnal:tot", "servegen", "trace:PATH", "shared-context",
+                  "shared-context-trace")
 
 
 def by_name(spec: str, **kw) -> Workload:
@@ -86,6 +89,10 @@ def by_name(spec: str, **kw) -> Workload:
         return diurnal(base=arg or kw.pop("base", "conversation"), **kw)
     if name == "servegen" and not arg:
         return servegen(**kw)
+    if name == "shared-context" and not arg:
+        return shared_context(**kw)
+    if name == "shared-context-trace" and not arg:
+        return shared_context_trace(**kw)
     if name == "trace":
         if not arg:
             raise ValueError("trace workload needs a path: 'trace:PATH'")
@@ -98,5 +105,5 @@ __all__ = [
     "ProgramStream", "ServeGenWindow", "Workload", "WORKLOAD_NAMES", "by_name", "conversation",
     "conversation_program", "diurnal", "fixture_path", "load_conversations", "load_gsm8k", "load_servegen",
     "load_sharegpt", "load_wildchat", "mixed_tot", "prefix_repetition", "region_of_country", "servegen",
-    "tot", "tot_program", "tot_size", "trace",
+    "shared_context", "shared_context_trace", "tot", "tot_program", "tot_size", "trace",
 ]
