@@ -572,6 +572,48 @@ class PrefixIndex:
                 assert (ts, t) in live, f"entry ({h}, {t!r}) has no LRU record: it could never be evicted"
         assert not self._over_budget(), "memory budget exceeded"
 
+    def change_mark(self) -> tuple:
+        """Changes whenever an insert or an eviction changed the index (callers cache what they derive)."""
+        return (self._last_ts, self._entries, self._blocks, self.evictions)
+
+    def recent_block_keys(self, max_keys: int, min_chars: int = 0, max_records: Optional[int] = None) -> List[int]:
+        """Block keys of the most recently used prefixes, newest first, at most ``max_keys``: for each live
+        LRU record (newest first) its whole path from the root to its deepest block (ancestors before
+        descendants, so the set is closed under taking a prefix unless the budget cuts a path's tail).
+        Paths shorter than ``min_chars`` are skipped; at most ``max_records`` records are read (None: all).
+        Hashes only: what a region publishes of its index (``region/prefix_summary.py``)."""
+        out: List[int] = []
+        if max_keys <= 0:
+            return out
+        seen = set()
+        tails, tgs, runs, b = self._tail, self._tg, self._runs, self._bounds
+        read = 0
+        for ts, tk, t in reversed(self._records):
+            if max_records is not None and read >= max_records:
+                break
+            read += 1
+            h = tails.get(tk)
+            if h is None or tk in seen or tgs[h].get(t) != ts:
+                continue  # stale record, or its path is in already
+            parent, i0, rk = runs[h]
+            if b[i0 + len(rk) - 1] < min_chars:
+                continue
+            path = [rk]
+            while parent != _ROOT and parent not in seen:
+                h = tails[parent]
+                parent, i0, rk = runs[h]
+                path.append(rk)
+            for rk in reversed(path):
+                room = max_keys - len(out)
+                if len(rk) > room:
+                    out.extend(rk[:room])
+                    return out
+                out.extend(rk)
+                seen.update(rk)
+            if len(out) >= max_keys:
+                break
+        return out
+
     def stored_text_blocks(self) -> List[bytes]:
         """The raw blocks kept (empty unless ``store_text=True``)."""
         return list(self._text.values())

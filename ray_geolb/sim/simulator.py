@@ -39,7 +39,11 @@ What is simulated
   one-way delay away; the registry answers with the peer table, which arrives one one-way delay later
   and becomes the router's ``PeerState``s (``peer_states_from_table``: ages as the registry saw them;
   ``rtt_s`` = what this region measured to the peer, else the peer's measurement). The next tick is
-  one period after the last one began, or at the answer if that is later.
+  one period after the last one began, or at the answer if that is later. GeoPrefix's heartbeat also
+  carries the region's hash-only prefix summary (``RegionRouter.prefix_summary``, wire form
+  ``PrefixSummary.to_wire``; counters ``prefix_summaries`` / ``prefix_summary_bytes`` /
+  ``prefix_summary_bytes_max``): the simulator relays it beside the registry on the same legs
+  (the Serve registry's table does not carry it yet) into ``PeerState.prefix_summary``.
 * **RTT probes** (Serve's ``PeerMesh._probe_loop``): each LB pings its peers one after another (a
   reply comes back one RTT later and goes to ``RegionRouter.observe_rtt``, the router's one RTT
   estimate, an EWMA the 'cost' selector reads), then pauses ``rtt_probe_period_s``.
@@ -87,6 +91,7 @@ cache, or, on an SGLang engine, a prompt plus its output reservation larger than
 from __future__ import annotations
 
 import inspect
+import json
 import random
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -102,6 +107,7 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
+from ray_geolb.policy.region.prefix_summary import PrefixSummary
 from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
 from ray_geolb.serve.registry import RegistryState
 from ray_geolb.serve.registry_client import peer_states_from_table
@@ -373,6 +379,7 @@ class Simulator:
         if self._forwarding:
             # the registry every LB heartbeats through (serve/registry.py's state, on the virtual clock)
             self.registry = RegistryState(clock=self._clock)
+            self._summaries: Dict[str, PrefixSummary] = {}  # region -> its last heartbeat's prefix summary
             self.registry_region = dep.registry_region()
             for lb in self.lbs.values():  # known but unheard: unavailable until a heartbeat says otherwise
                 for p in lb.peers:
@@ -834,24 +841,43 @@ class Simulator:
               "queue_len": ps.queue_len, "rtts": lb.router.measured_rtts()}
         if ps.extra:
             hb["extra"] = dict(ps.extra)
-        self._push(now + self._ow(lb.region, self.registry_region), _REG_ARRIVE, lb, (hb, now))
+        summary = None
+        if ps.prefix_summary is not None:  # travels beside the heartbeat, as the registry would relay it
+            summary = ps.prefix_summary.to_wire()
+            c = self.c
+            size = len(json.dumps(summary, separators=(",", ":")))
+            c["prefix_summaries"] = c.get("prefix_summaries", 0) + 1
+            c["prefix_summary_bytes"] = c.get("prefix_summary_bytes", 0) + size
+            c["prefix_summary_bytes_max"] = max(c.get("prefix_summary_bytes_max", 0), size)
+        self._push(now + self._ow(lb.region, self.registry_region), _REG_ARRIVE, lb, (hb, now, summary))
 
     def _on_reg_arrive(self, lb: _LB, item):
-        hb, t0 = item
+        """The heartbeat reaches the registry. A prefix summary (``RegionRouter.prefix_summary``) rides with
+        it: the Serve registry's table does not relay one yet, so the simulator keeps each region's last
+        summary beside the registry (parsed by ``PrefixSummary.from_wire``, as a receiving ingress would) and
+        hands it out with the table, on the same legs and delays as the heartbeat."""
+        hb, t0, summary = item
         table = self.registry.heartbeat_batch([hb])
         if "errors" in table:
             raise RuntimeError(f"registry refused {lb.name}'s heartbeat: {table['errors']}")
-        self._push(self.now + self._ow(self.registry_region, lb.region), _REG_REPLY, lb, (table, t0))
+        if summary is not None:
+            self._summaries[lb.region] = PrefixSummary.from_wire(summary)
+        else:
+            self._summaries.pop(lb.region, None)
+        summaries = dict(self._summaries) if self._summaries else None
+        self._push(self.now + self._ow(self.registry_region, lb.region), _REG_REPLY, lb, (table, t0, summaries))
 
     def _on_reg_reply(self, lb: _LB, item):
         """The peer table reaches the LB (Serve: ``PeerMesh._on_table``): every peer's state, its age as
-        the registry saw it, the RTT this region measured to it (else the peer's); then every waiting
-        request is decided again (``kick_all``)."""
-        table, t0 = item
+        the registry saw it, the RTT this region measured to it (else the peer's), its prefix summary if
+        it sent one; then every waiting request is decided again (``kick_all``)."""
+        table, t0, summaries = item
         now = self.now
         router = lb.router
         for ps in peer_states_from_table(table, now, lb.region):
             if ps.region in router.peers:
+                if summaries:
+                    ps.prefix_summary = summaries.get(ps.region)
                 router.update_peer(ps)
         if self.trace is not None:
             self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)

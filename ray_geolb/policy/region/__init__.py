@@ -2,8 +2,9 @@
 
 ``router.py`` (RegionRouter, PeerState, RegionDecision), ``config.py`` (TwoLayerConfig, the cost
 selector's config and presets, and RegionLayerSettings / REGION_LAYER: how a region's LB is deployed),
-one file per peer selector behind ``peer_selector.PeerSelector``, ``estimators.py`` (RTT, drain rate)
-and ``local_layer.py`` (what it may ask of the local policy).
+one file per peer selector behind ``peer_selector.PeerSelector``, ``estimators.py`` (RTT, drain rate),
+``local_layer.py`` (what it may ask of the local policy) and ``prefix_summary.py`` (the hash-only summary
+of its replicas' prefixes a region publishes to its peers).
 """
 
 from .config import (
@@ -19,8 +20,9 @@ from .cost_selector import CostSelector
 from .estimators import DrainRate, RttTable
 from .local_layer import LocalLayer, LocalLoad
 from .peer_selector import PeerSelector
+from .prefix_summary import PrefixSummary
 from .router import PEER_SELECTORS, PeerState, RegionDecision, RegionRouter
 
 __all__ = ["GEOPREFIX_COST", "GORGO_COST", "PEER_SELECTORS", "REGION_LAYER", "REGION_PATTERN", "CostSelector",
-           "CostSelectorConfig", "DrainRate", "LocalLayer", "LocalLoad", "PeerSelector", "PeerState", "RegionDecision",
-           "RegionLayerSettings", "RegionRouter", "RttTable", "TwoLayerConfig"]
+           "CostSelectorConfig", "DrainRate", "LocalLayer", "LocalLoad", "PeerSelector", "PeerState", "PrefixSummary",
+           "RegionDecision", "RegionLayerSettings", "RegionRouter", "RttTable", "TwoLayerConfig"]

@@ -6,7 +6,8 @@ region's load balancer is *deployed* (one object for the Serve ingress and the s
 * ``GEOPREFIX_COST``: the peer's queue (staleness-inflated), aged and minimum-length matches, the
   residual prefill's cost to the requests in flight (``w_shared``) and the wait for a local slot
   (``stay_slot_wait``); its own forwards priced instead of capped (``forwards_cap_peers=False``) and
-  layer 1 by expected TTFT also before saturation (``forward_before_saturation``, 1 s margin).
+  layer 1 by expected TTFT also before saturation (``forward_before_saturation``, 1 s margin), and
+  the peers' hash-only prefix summaries priced as their matches (``peer_summary``).
   What each term means: ``region/cost_selector.py``.
 """
 
@@ -59,13 +60,20 @@ class CostSelectorConfig(_Strict):
     forward_hysteresis: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False,
                                       description="while forwarding to a peer before saturation, keep doing so "
                                                   "while the saving exceeds this fraction of forward_margin_s")
+    peer_summary: bool = Field(
+        False, description="publish this region's prefix summary (region/prefix_summary.py: a Bloom filter over its "
+                           "prefix index's recent block keys) with each heartbeat, and price a forward's residual "
+                           "prefill at the peer's summary match too (issue 13 item 2)")
+    summary_max_keys: int = Field(2048, ge=1, le=16384, description="block keys a published summary holds at most")
+    summary_bits_per_key: int = Field(10, ge=4, le=32, description="Bloom filter bits per key (10: 7 hashes, "
+                                                                   "<= 0.82 % false positives at full load)")
     ttft: TtftModelConfig = TtftModelConfig()
 
 
 GORGO_COST = {"remote_queue": False}
 GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
                   "w_shared": 1.0, "stay_slot_wait": True, "forwards_cap_peers": False,
-                  "forward_before_saturation": True, "forward_margin_s": 1.0}
+                  "forward_before_saturation": True, "forward_margin_s": 1.0, "peer_summary": True}
 
 
 class RegionLayerSettings(_Strict):

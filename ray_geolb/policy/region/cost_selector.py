@@ -14,7 +14,9 @@ found no available replica (selective pushing) and compares, per request, an est
   ``w_rtt·RTT(p) + w_prefill·t_p(p)·(L − L_hit(p)) [+ q̂·W(p)]``.
 
 ``L_hit`` is the regional snapshot's match (what this LB already forwarded there) in tokens at
-``chars_per_token``; ``RTT(p)`` is the router's EWMA of real probe samples
+``chars_per_token`` -- with ``peer_summary`` (GeoPrefix) the longer of that and the peer's own
+hash-only prefix summary's match (``PeerState.prefix_summary``, ``region/prefix_summary.py``: what the
+peer's replicas were sent, by anyone); ``RTT(p)`` is the router's EWMA of real probe samples
 (:meth:`RegionRouter.measured_rtt`, fed by ``RegionRouter.observe_rtt``), else the heartbeat's RTT,
 else ``unknown_rtt_s``; ``t_p(p)`` is the t_p the peer advertises in its
 heartbeat (``extra["t_p_s"]``), else this region's online estimate. The lowest cost wins; if staying
@@ -238,6 +240,8 @@ class CostSelector(PeerSelector):
         raw = snap.match(prep, peers)
         hits = discounted_hits(raw, req.prompt_tokens, cfg.chars_per_token, cfg.min_match_chars,
                                cfg.match_half_life_s, snap, prep, now)
+        if cfg.peer_summary:
+            self._summary_hits(router, req, peers, prep, raw, hits)
         costs = {}
         rtts = self.last_rtts = {}
         for r in peers:
@@ -251,6 +255,25 @@ class CostSelector(PeerSelector):
                 c += cfg.w_shared * residual * self.peer_inflight(router, r)
             costs[r] = c
         return costs, raw, hits
+
+    def _summary_hits(self, router, req, peers: List[str], prep, raw: dict, hits: dict) -> None:
+        """Raise each peer's match to what its heartbeat's prefix summary says its replicas hold
+        (``PeerState.prefix_summary``; no age discount: the summary is as old as the heartbeat), when
+        longer than the snapshot's (``min_match_chars`` applies). Updates ``raw`` / ``hits`` in place."""
+        cfg = self.config
+        snap = router.snapshot
+        fl = float(req.prompt_tokens)
+        floor = max(1, cfg.min_match_chars)
+        for r in peers:
+            s = router.peers[r].prefix_summary
+            if s is None:
+                continue
+            chars = s.match(req, prep if s.same_geometry(snap) else None)
+            if chars < floor or chars <= raw.get(r, 0):
+                continue
+            raw[r] = chars
+            x = chars / cfg.chars_per_token
+            hits[r] = max(hits.get(r, 0.0), x if x < fl else fl)
 
     # ------------------------------------------------------------ decision
     def select(self, router, req, peers: List[str], now: float) -> Selection:

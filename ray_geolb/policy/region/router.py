@@ -17,7 +17,9 @@ its tenant) is enforced on both layers — a request may be held,
 or rejected if no allowed region can ever take it, but never sent outside its set.
 
 The peer table is fed by heartbeats (:meth:`update_peer`) and this region's own heartbeat is
-:meth:`heartbeat`. A peer not heard from within ``peer_stale_s`` is treated as unavailable
+:meth:`heartbeat`; with ``CostSelectorConfig.peer_summary`` it carries :meth:`prefix_summary`, a hash-only
+Bloom filter of what this region's replicas were sent (``prefix_summary.py``), which peers keep in
+``PeerState.prefix_summary``. A peer not heard from within ``peer_stale_s`` is treated as unavailable
 ("route locally, never forward blindly").
 
 Who owns what: the router owns the peer table (a :class:`PeerState` changes only through its
@@ -41,6 +43,7 @@ from .local_layer import LocalLayer
 from .nearest_selector import NearestSelector
 from .peer_selector import PeerSelector
 from .prefix_selector import PrefixSelector
+from .prefix_summary import PrefixSummary
 from .ring_selector import RingSelector
 
 __all__ = ["PEER_SELECTORS", "PeerState", "RegionDecision", "RegionRouter"]
@@ -66,6 +69,10 @@ class PeerState:
     extra: Dict = field(default_factory=dict)
     #: forwards this LB counted in ``queue_len`` since the heartbeat (``RegionRouter.note_forward``)
     noted: int = 0
+    #: the peer's hash-only summary of its replicas' prefixes (``RegionRouter.prefix_summary``; wire form:
+    #: ``PrefixSummary.to_wire``), or None: the heartbeat carried none (the 'cost' selector then prices
+    #: the peer's match from this LB's regional snapshot only)
+    prefix_summary: Optional[PrefixSummary] = None
 
     @property
     def reported_queue_len(self) -> int:
@@ -101,6 +108,8 @@ class RegionRouter:
                                                  else None)
         self.queue_len = 0
         self.queued_tokens: Optional[float] = None
+        self._summary: Optional[PrefixSummary] = None
+        self._summary_mark = None
 
     # ------------------------------------------------------------ peer table
     def update_peer(self, state: PeerState) -> None:
@@ -199,6 +208,25 @@ class RegionRouter:
                 out.append(r)
         return out
 
+    def prefix_summary(self) -> Optional[PrefixSummary]:
+        """This region's hash-only prefix summary for its heartbeat (``PrefixSummary.build`` over the local
+        layer's prefix index, at ``CostSelectorConfig.summary_max_keys`` / ``summary_bits_per_key``), or None:
+        the 'cost' selector does not publish one (``peer_summary`` off) or the local policy has no index.
+        Rebuilt only when the index changed since the last call. Send ``summary.to_wire()``; a peer parses
+        it with ``PrefixSummary.from_wire`` into ``PeerState.prefix_summary``."""
+        sel = self.selector
+        if sel is None or not sel.config.peer_summary:
+            return None
+        index = self.local.index
+        if index is None:
+            return None
+        mark = (id(index), index.change_mark())
+        if self._summary is None or mark != self._summary_mark:
+            cfg = sel.config
+            self._summary = PrefixSummary.build(index, cfg.summary_max_keys, cfg.summary_bits_per_key)
+            self._summary_mark = mark
+        return self._summary
+
     def heartbeat(self, queue_len: int, now: float, queued_tokens: Optional[float] = None) -> PeerState:
         self.queue_len = queue_len
         if queued_tokens is not None:
@@ -207,6 +235,7 @@ class RegionRouter:
         if self.selector is not None or queued_tokens is not None:
             sel = self.selector or CostSelector()
             hb.extra = sel.heartbeat_extra(self, queued_tokens)
+        hb.prefix_summary = self.prefix_summary()
         return hb
 
     # ------------------------------------------------------------ decisions
