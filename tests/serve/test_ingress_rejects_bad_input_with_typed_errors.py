@@ -408,3 +408,36 @@ def test_a_forward_that_times_out_is_504_and_never_sent_to_a_second_region():
     assert len(sent) == 1 and sent[0][2].cancelled == 1  # one region only, told to stop
     assert 0 < sent[0][1]["deadline_in_s"] <= 0.4
     assert sent[0][0] in ing.available_peers()  # slow is not down
+
+
+def test_a_stream_whose_consumer_stops_asking_closes_itself_and_returns_its_slot():
+    """A peer relaying a stream to an origin that died stays suspended at its ``yield`` for good: the
+    stream notices that nobody asked for the next token within the idle timeout and closes itself."""
+    from ray_geolb.serve.ingress.streams import TokenStream
+
+    closed, cancelled = [], []
+
+    class _Source:
+        def __init__(self):
+            self.i = 0
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            self.i += 1
+            return f"tok{self.i}"
+
+        def cancel(self):
+            cancelled.append(1)
+
+    async def run():
+        stream = TokenStream(_Source(), on_close=lambda: closed.append(1), idle_timeout_s=0.2, where="region us")
+        assert await stream.__anext__() == "tok1"
+        await asyncio.sleep(0.05)
+        assert await stream.__anext__() == "tok2"  # a consumer that keeps asking keeps its stream
+        await asyncio.sleep(0.4)  # ... then stops asking (suspended at a yield nobody resumes)
+        return stream
+
+    stream = asyncio.run(run())
+    assert closed == [1] and cancelled == [1] and stream.consumer_gone

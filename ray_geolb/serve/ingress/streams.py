@@ -2,8 +2,10 @@
 
 A streamed response is a :class:`TokenStream`, closed in the ``finally`` of whatever consumes it
 (the HTTP response, a peer's relay), so a client leaving at any point -- before its first token,
-while streaming, while held here or in the router -- returns everything. ``asyncio.CancelledError``
-is not an ``Exception``: nothing here owns accounting with ``except Exception``.
+while streaming, while held here or in the router -- returns everything. A consumer that stops
+asking for the next item without closing (a peer's relay whose origin died stays suspended at
+its ``yield`` for good) is timed out too: after ``stream_idle_timeout_s`` the stream closes itself.
+``asyncio.CancelledError`` is not an ``Exception``: nothing here owns accounting with ``except Exception``.
 """
 
 from __future__ import annotations
@@ -51,22 +53,41 @@ class TokenStream:
         self._first = first
         self._on_close = on_close
         self._closed = False
-        self._idle = idle_timeout_s  # longest wait for the next item (None: no bound)
+        self._idle = idle_timeout_s  # longest wait for the next item, and for the consumer (None: no bound)
         self._where = where
+        self._consumer_timer: Optional[asyncio.TimerHandle] = None
+        self.consumer_gone = False
 
     def __aiter__(self):
         return self
 
+    def _handed_out(self, item):
+        """An item goes to the consumer: if it does not come back for the next one within the idle
+        timeout (a peer whose origin died leaves its relay suspended for good; a client that stopped
+        reading), the stream is closed here, so what it holds is returned all the same."""
+        if self._idle is not None:
+            self._consumer_timer = asyncio.get_running_loop().call_later(self._idle, self._consumer_stalled)
+        return item
+
+    def _consumer_stalled(self) -> None:
+        self._consumer_timer = None
+        if not self._closed:
+            self.consumer_gone = True
+            asyncio.ensure_future(self.aclose())
+
     async def __anext__(self):
+        if self._consumer_timer is not None:
+            self._consumer_timer.cancel()
+            self._consumer_timer = None
         if self._closed:
             raise StopAsyncIteration
         if self._first is not NO_TOKEN:
             tok, self._first = self._first, NO_TOKEN
-            return tok
+            return self._handed_out(tok)
         try:
             if self._idle is None:
-                return await self._source.__anext__()
-            return await asyncio.wait_for(self._source.__anext__(), self._idle)
+                return self._handed_out(await self._source.__anext__())
+            return self._handed_out(await asyncio.wait_for(self._source.__anext__(), self._idle))
         except asyncio.TimeoutError:
             await self.aclose()
             raise GeoHTTPError(504, f"{self._where}: no token for {self._idle:g} s (stream_idle_timeout_s)",
@@ -76,6 +97,9 @@ class TokenStream:
             raise
 
     async def aclose(self) -> None:
+        if self._consumer_timer is not None:
+            self._consumer_timer.cancel()
+            self._consumer_timer = None
         if self._closed:
             return
         self._closed = True
