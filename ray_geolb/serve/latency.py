@@ -9,6 +9,13 @@ RTTs come from :meth:`ray_geolb.engine.network.RegionNetwork.default` (us / eu /
 shipped IBM Cloud RTT table), or from an explicit ``rtt_ms`` table. ``scale`` multiplies every
 latency (tests use e.g. 0.1; 0 disables injection). Intra-region calls are never delayed.
 
+Faults, for chaos tests and drills (:meth:`LatencyInjector.set_faults`, reached through the ingress's
+``inject_faults`` handle method): per peer region, extra one-way latency (``extra_ms``) and the share
+of crossings towards it that are dropped (``drop``, 0..1). A dropped crossing raises
+:class:`HopDropped` *before* the request leaves, so nothing reached the peer and the origin may try
+elsewhere; a reply is delayed, never dropped (a lost reply is silence, bounded by the request's
+deadline). ``drop=1`` partitions the region from this ingress (its RTT probes fail too).
+
 The injector is plain data (picklable): it is built from a JSON-able spec in each ingress replica.
 """
 
@@ -16,10 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 import time
 from typing import Any, AsyncIterator, Dict, Iterable, Mapping, Optional, Tuple
 
-__all__ = ["FALLBACK_RTT_MS", "LatencyInjector", "default_rtt_table"]
+__all__ = ["FALLBACK_RTT_MS", "HopDropped", "LatencyInjector", "default_rtt_table"]
+
+
+class HopDropped(ConnectionError):
+    """An injected fault dropped a crossing before it reached the peer (see the module docstring)."""
 
 #: used only if ``ray_geolb.engine.network`` cannot be imported
 FALLBACK_RTT_MS = {("us", "eu"): 98.0, ("us", "asia"): 167.0, ("eu", "asia"): 230.0}
@@ -82,6 +94,26 @@ class LatencyInjector:
         self._rtt_ms = {}
         for (a, b), v in table.items():
             self._rtt_ms[(a, b)] = self._rtt_ms[(b, a)] = float(v)
+        self._faults: Dict[str, Tuple[float, float]] = {}  # region -> (drop probability, extra one-way s)
+        self._rng = random.Random()
+        self.dropped = 0
+
+    def set_faults(self, faults: Optional[Mapping[str, Mapping[str, float]]]) -> None:
+        """Replace the injected faults: ``{region: {"drop": 0..1, "extra_ms": >= 0}}`` (None or {}: heal)."""
+        out: Dict[str, Tuple[float, float]] = {}
+        for region, f in (faults or {}).items():
+            if not isinstance(region, str) or not isinstance(f, Mapping) or set(f) - {"drop", "extra_ms"}:
+                raise ValueError(f"faults must be {{region: {{'drop': p, 'extra_ms': ms}}}}, got {region!r}: {f!r}")
+            drop, extra = f.get("drop", 0.0), f.get("extra_ms", 0.0)
+            for name, v, hi in (("drop", drop, 1.0), ("extra_ms", extra, math.inf)):
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
+                    raise ValueError(f"faults[{region!r}].{name} must be a number in [0, {hi:g}], got {v!r}")
+            out[region] = (float(drop), float(extra) / 1000.0)
+        self._faults = out
+
+    @property
+    def faults(self) -> Dict[str, dict]:
+        return {r: {"drop": d, "extra_ms": e * 1000.0} for r, (d, e) in self._faults.items()}
 
     # ------------------------------------------------------------ construction
     @classmethod
@@ -127,14 +159,23 @@ class LatencyInjector:
         return self._rtt_ms.get((a, b), 0.0) * self.scale / 1000.0
 
     def one_way_s(self, a: str, b: str) -> float:
-        return self.rtt_s(a, b) / 2.0
+        d = self.rtt_s(a, b) / 2.0
+        if self._faults and a != b:
+            d += max(self._faults.get(a, (0, 0.0))[1], self._faults.get(b, (0, 0.0))[1])
+        return d
 
     # ------------------------------------------------------------ injection
     async def hop(self, a: str, b: str) -> None:
-        """One crossing from ``a`` to ``b`` (request or response direction)."""
+        """One crossing from ``a`` to ``b`` (request or response direction). Raises :class:`HopDropped`
+        when an injected fault drops a crossing towards a faulted region ``b``."""
         d = self.one_way_s(a, b)
         if d > 0:
             await asyncio.sleep(d)
+        if self._faults and a != b:
+            p = self._faults.get(b, (0.0, 0.0))[0]
+            if p > 0 and self._rng.random() < p:
+                self.dropped += 1
+                raise HopDropped(f"injected fault: the crossing {a} -> {b} was dropped")
 
     async def relay(self, agen: AsyncIterator, src: str, dst: str) -> AsyncIterator:
         """Re-yield a stream produced in ``src`` as ``dst`` would see it: each item one-way later."""

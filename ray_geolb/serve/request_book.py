@@ -260,6 +260,10 @@ class RequestBook:
         if self.held:
             self.wake_head()
 
+    def oldest_inflight(self, n: int) -> list:
+        """``[[request id, target], ...]`` of the first ``n`` in-flight records (oldest first)."""
+        return [[req.request_id, t] for t, req in list(self.inflight.values())[:n]]
+
     def drop_replica(self, uid: str) -> None:
         """A replica died: its in-flight records go (Ray will not report their completion)."""
         for iid, (t, _req) in list(self.inflight.items()):

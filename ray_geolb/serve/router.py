@@ -236,6 +236,8 @@ class GeoPrefixRouter(RequestRouter):
             "unavailable": len(self.replicas.local_ids) - len(tr.available),
             "distrusted_reports": tr.distrusted_reports,
             "engines": self.replicas.reported_load(),
+            # the oldest few in-flight requests (request id, seconds since routed): what a leak holds
+            "oldest_inflight": book.oldest_inflight(3),
         }
 
     # ------------------------------------------------------------------ replicas and stats

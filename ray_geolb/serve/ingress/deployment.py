@@ -3,7 +3,8 @@
 HTTP endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (OpenAI, SSE when ``stream: true``),
 ``/v1/models``, ``/healthz`` (status and region for everyone; the registry link and the peers for
 the operator) and ``/v1/geolb/state`` (operator only). Peer-facing handle methods: ``forwarded``,
-``forwarded_stream``, ``ping``, ``state``, ``accounting``.
+``forwarded_stream``, ``ping``, ``state``, ``accounting``, and for chaos drills ``inject_faults`` and
+``served_request_ids``.
 
 Ray Serve 2.60: the ``@serve.ingress`` class must stay defined at module level of an importable
 module, and FastAPI >= 0.137 breaks such classes (HTTP 400 ``Field required ('query','self')``;
@@ -132,6 +133,16 @@ class RegionIngress:
 
     async def ping(self) -> str:
         return self.region
+
+    def inject_faults(self, faults=None) -> dict:
+        """Chaos drills (handle call only, never HTTP): ``{peer: {"drop": 0..1, "extra_ms": ms}}`` on this
+        ingress's crossings to its peers (``latency.py``); None or {} heals. Returns the faults now set."""
+        self.path.peers.latency.set_faults(faults)
+        return self.path.peers.latency.faults
+
+    def served_request_ids(self) -> list:
+        """Ids of the last requests this ingress replica served locally (chaos checks; handle call only)."""
+        return list(self.path.served_ids)
 
     def state(self) -> dict:
         return self.path.state()

@@ -15,7 +15,10 @@ Background work only -- never on a request's path:
   from it once when this ingress restarts.
 
 It also hands out the peers' ingress handles for forwards, and the :class:`LatencyInjector` of the
-inter-region hops.
+inter-region hops (and its injected faults, for chaos drills). A peer the ingress could not reach
+(:meth:`PeerMesh.unreachable`) gets an open circuit: it stays unavailable past its next heartbeats
+(the registry may still hear from a region this one cannot reach) until an RTT probe reaches it, or
+its backoff (``BREAKER_BACKOFF_S``, doubling per failure up to ``BREAKER_MAX_S``) runs out.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ logger = logging.getLogger("ray.serve")
 __all__ = ["PeerMesh"]
 
 PING_TIMEOUT_S = 5.0
+#: an unreachable peer's circuit stays open this long after its first failure, doubling per failure
+BREAKER_BACKOFF_S = 1.0
+BREAKER_MAX_S = 30.0
 
 
 class PeerMesh:
@@ -67,6 +73,8 @@ class PeerMesh:
         self._snapshot_sent_at = 0.0
         self.snapshot_writer = SnapshotWriter(cfg.snapshot_max_rows)
         self._tasks: List[asyncio.Task] = []
+        self._open_until: Dict[str, float] = {}  # peer -> monotonic time its circuit closes again
+        self._failures: Dict[str, int] = {}
         for peer in cfg.peers:  # known but unheard: unavailable until a heartbeat says otherwise
             router.update_peer(PeerState(peer, 0, 0, float("-inf")))
 
@@ -93,6 +101,23 @@ class PeerMesh:
                                             _check_exists=False)
             self._handles[region] = h
         return h
+
+    def unreachable(self, region: str) -> None:
+        """A forward could not reach ``region``: unavailable now, and its circuit opens (module docstring)."""
+        n = self._failures.get(region, 0) + 1
+        self._failures[region] = n
+        self._open_until[region] = time.monotonic() + min(BREAKER_MAX_S, BREAKER_BACKOFF_S * 2 ** (n - 1))
+        self.router.mark_unreachable(region)  # PeerState changes only through RegionRouter
+
+    def reachable(self, region: str) -> None:
+        """``region`` answered (a probe): its circuit closes."""
+        if self._open_until.pop(region, None) is not None:
+            self._failures.pop(region, None)
+            self._on_peers_changed()
+
+    def circuit_open(self, region: str) -> bool:
+        until = self._open_until.get(region)
+        return until is not None and time.monotonic() < until
 
     def snapshot_changed(self) -> None:
         """The regional snapshot changed (a forward): mirror it with a coming heartbeat."""
@@ -124,6 +149,8 @@ class PeerMesh:
         for ps in peer_states_from_table(table, received_at, self.region):
             if ps.region in self.cfg.peers:
                 self.router.update_peer(ps)
+                if self.circuit_open(ps.region):
+                    self.router.mark_unreachable(ps.region)
         w = self.snapshot_writer
         w.acknowledge((table.get("snapshot_acks") or {}).get(self.source))
         if not w.in_sync() and (w.version or self.router.snapshot.num_nodes):
@@ -167,3 +194,4 @@ class PeerMesh:
         await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
         await self.latency.hop(peer, self.region)
         self.router.observe_rtt(peer, time.monotonic() - t0)
+        self.reachable(peer)

@@ -25,6 +25,7 @@ reads it all back.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import math
 import uuid
@@ -60,6 +61,9 @@ COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue
             "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded")
 #: forward attempts per request (each failed one excludes its peer until that peer's next heartbeat)
 FORWARD_ATTEMPTS = 3
+#: ids of the requests this ingress replica started serving locally, most recent last (chaos checks:
+#: a request is served in one region once)
+SERVED_LOG = 10_000
 
 
 def _replica_source(region: str) -> str:
@@ -93,6 +97,7 @@ class RequestPath:
         #: Prometheus metrics (serve/metrics.py), exported once a second by :meth:`start`'s task
         self.metrics = MetricSink({"region": self.region})
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
+        self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
 
     def start(self) -> None:
         self.peers.start()
@@ -279,10 +284,11 @@ class RequestPath:
                 last_429 = e
                 continue
             except ForwardFailed as e:
-                # The peer ingress is unreachable: mark it unavailable and decide again (never lose it).
+                # The peer ingress is unreachable: mark it unavailable (its circuit opens: it stays so
+                # past its next heartbeats, until a probe reaches it) and decide again (never lose it).
                 self.counts["forward_failures"] += 1
                 logger.warning("forward %s -> %s failed (%s); re-deciding", self.region, d.target, e)
-                self.router.mark_unreachable(d.target)  # PeerState changes only through RegionRouter
+                self.peers.unreachable(d.target)
                 excluded.add(d.target)
         if last_429 is not None:
             raise last_429
@@ -352,6 +358,7 @@ class RequestPath:
             raise
         finally:
             slot.release()
+        self.served_ids.append(ctx.request_id)
         return self._local_meta(ctx, d, wait_ms), res
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
@@ -381,6 +388,7 @@ class RequestPath:
                     raise err from None
             raise
         slot.routed()
+        self.served_ids.append(ctx.request_id)
         try:
             meta = self._local_meta(ctx, d, wait_ms)
         except BaseException:
@@ -416,7 +424,10 @@ class RequestPath:
         except Exception as e:  # noqa: BLE001
             raise ForwardFailed(str(e)) from None
         latency = self.peers.latency
-        await latency.hop(self.region, peer)
+        try:
+            await latency.hop(self.region, peer)
+        except ConnectionError as e:  # dropped on the way (an injected partition): nothing reached the peer
+            raise ForwardFailed(str(e)) from None
         fmeta = ctx.wire(wait_ms, d)  # after the hop: the deadline it carries is the time left on arrival
         if ctx.stream:
             return await self._forward_stream(h, peer, ctx, fmeta, d)
@@ -506,6 +517,8 @@ class RequestPath:
             "snapshot_nodes": router.snapshot.num_nodes,
             "snapshot_loaded_from_registry": self.peers.snapshot_loaded,
             "registry": self.peers.status(),
+            "open_circuits": sorted(p for p in self.cfg.peers if self.peers.circuit_open(p)),
+            "injected_faults": self.peers.latency.faults,
             "counters": self.counters,
             "router": self.local.router_report(),  # the model deployment's router here: policy, counters
             "decisions": dict(self.decisions),
