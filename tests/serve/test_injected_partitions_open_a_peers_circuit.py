@@ -90,3 +90,43 @@ def test_a_partitioned_peer_stays_out_past_its_heartbeats_until_a_probe_reaches_
     ing.peers._on_table(table, policy_now())
     assert not ing.peers.circuit_open("eu") and ing.available_peers() == ["asia", "eu"]
     assert not [p for p in cfg.peers if ing.peers.circuit_open(p)]
+
+
+def test_the_retry_budget_is_earned_by_requests_and_time_and_refuses_when_spent():
+    from ray_geolb.serve.ingress.retry_budget import RetryBudget
+
+    t = [0.0]
+    b = RetryBudget(ratio=0.5, min_per_s=1.0, burst=2.0, clock=lambda: t[0])
+    assert b.try_spend() and b.try_spend() and not b.try_spend()  # the saved-up burst, then nothing
+    b.on_request()
+    b.on_request()
+    assert b.try_spend() and not b.try_spend()  # two requests earned one retry
+    t[0] += 1.0
+    assert b.try_spend()  # a second earned one more
+    assert (b.spent, b.refused) == (4, 2)
+    with pytest.raises(ValueError, match="ratio"):
+        RetryBudget(ratio=-1)
+
+
+def test_a_spent_retry_budget_answers_503_instead_of_retrying():
+    busy = _Busy()
+    cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
+                        two_layer={"remote": "nearest"}, latency={"scale": 0.0}, retry_budget_ratio=0.0,
+                        retry_budget_min_per_s=0.0)
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: busy)
+    for peer, rtt in (("eu", 0.05), ("asia", 0.15)):
+        ing.router.update_peer(PeerState(peer, 2, 0, policy_now(), rtt_s=rtt))
+    ing.peers.latency.set_faults({"eu": {"drop": 1.0}, "asia": {"drop": 1.0}})
+    from types import SimpleNamespace
+
+    def unreachable(body, fmeta):
+        raise AssertionError("a peer was reached through a partition")
+
+    ing.peers.handle = lambda peer: SimpleNamespace(forwarded=SimpleNamespace(remote=unreachable))
+    ing.retries._tokens = 1.0  # one retry left
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    with pytest.raises(Exception) as e:
+        asyncio.run(ing.process(parse_request(body, {}, "chat", cfg, origin="us", request_id="b1")))
+    err = e.value
+    assert err.status == 503 and err.type == "forward_failed" and "retry budget" in err.message
+    assert ing.counts["forward_failures"] == 2 and ing.counts["retries_refused"] == 1

@@ -69,6 +69,10 @@ class IngressConfig(BaseModel):
     #: the request waits for capacity: 503 ``wait_timeout``; while a replica or peer works on it: 504
     #: ``deadline_exceeded`` (the work is cancelled, never retried elsewhere: nothing is served twice)
     request_timeout_s: float = Field(300.0, gt=0)
+    #: retries of forwards that could not reach their peer (another peer or local; retry_budget.py):
+    #: each request earns this share of a retry, and this many more are earned per second
+    retry_budget_ratio: float = Field(0.2, ge=0, le=10)
+    retry_budget_min_per_s: float = Field(3.0, ge=0)
     #: the most one forward attempt may take (within the request's deadline)
     forward_timeout_s: float = Field(300.0, gt=0)
     #: streams: the first item (a forward's metadata, a local stream's first token) must come within

@@ -18,13 +18,14 @@ It also hands out the peers' ingress handles for forwards, and the :class:`Laten
 inter-region hops (and its injected faults, for chaos drills). A peer the ingress could not reach
 (:meth:`PeerMesh.unreachable`) gets an open circuit: it stays unavailable past its next heartbeats
 (the registry may still hear from a region this one cannot reach) until an RTT probe reaches it, or
-its backoff (``BREAKER_BACKOFF_S``, doubling per failure up to ``BREAKER_MAX_S``) runs out.
+its backoff (``BREAKER_BACKOFF_S``, doubling per failure up to ``BREAKER_MAX_S``, ±20% jitter) runs out.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any, Callable, Dict, List, Optional
 
@@ -106,7 +107,8 @@ class PeerMesh:
         """A forward could not reach ``region``: unavailable now, and its circuit opens (module docstring)."""
         n = self._failures.get(region, 0) + 1
         self._failures[region] = n
-        self._open_until[region] = time.monotonic() + min(BREAKER_MAX_S, BREAKER_BACKOFF_S * 2 ** (n - 1))
+        backoff = min(BREAKER_MAX_S, BREAKER_BACKOFF_S * 2 ** (n - 1))
+        self._open_until[region] = time.monotonic() + backoff * random.uniform(0.8, 1.2)  # jitter: no herd
         self.router.mark_unreachable(region)  # PeerState changes only through RegionRouter
 
     def reachable(self, region: str) -> None:

@@ -47,6 +47,7 @@ from .local_view import LocalView, geo_router_of
 from .model_client import ModelClient, error_in
 from .openai import PromptBody
 from .peers import PeerMesh
+from .retry_budget import RetryBudget
 from .streams import NO_TOKEN, TokenStream, aclose_quietly, cancel_quietly
 
 logger = logging.getLogger("ray.serve")
@@ -58,7 +59,7 @@ _now = policy_now  # the router's clock (serve/clock.py): ages in its tree and p
 #: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
 #: wait_timeout are the admission queue's)
 COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
-            "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded")
+            "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded", "retries_refused")
 #: forward attempts per request (each failed one excludes its peer until that peer's next heartbeat)
 FORWARD_ATTEMPTS = 3
 #: ids of the requests this ingress replica started serving locally, most recent last (chaos checks:
@@ -98,6 +99,8 @@ class RequestPath:
         self.metrics = MetricSink({"region": self.region})
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
         self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
+        #: retries of forwards that could not reach their peer (retry_budget.py)
+        self.retries = RetryBudget(cfg.retry_budget_ratio, cfg.retry_budget_min_per_s)
 
     def start(self) -> None:
         self.peers.start()
@@ -240,6 +243,7 @@ class RequestPath:
     async def process(self, ctx: RequestContext):
         """Route and run one request. Returns ``(meta, result_dict)`` or ``(meta, TokenStream)``."""
         self.counts["requests"] += 1
+        self.retries.on_request()
         if ctx.allowed is not None:
             unknown = ctx.allowed - set(self.cfg.peers) - {self.region}
             if unknown:
@@ -290,6 +294,12 @@ class RequestPath:
                 logger.warning("forward %s -> %s failed (%s); re-deciding", self.region, d.target, e)
                 self.peers.unreachable(d.target)
                 excluded.add(d.target)
+                if not self.retries.try_spend():
+                    self.counts["retries_refused"] += 1
+                    raise GeoHTTPError(503, f"region {self.region}: region {d.target} could not be reached and "
+                                            f"the retry budget is spent (many forwards are failing); retry later",
+                                       type_="forward_failed", retry_after_s=self.cfg.retry_after_s,
+                                       region=self.region) from None
         if last_429 is not None:
             raise last_429
         raise GeoHTTPError(503, f"region {self.region}: forwarding failed to {sorted(excluded)}",
