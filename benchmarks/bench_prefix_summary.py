@@ -8,7 +8,8 @@ differ only in ``peer_summary`` (on: the summaries are matched and priced; off: 
 request by request; a decision is ``RegionRouter.decide`` (a local replica is free, 8 requests in flight
 on each, so GeoPrefix prices staying against both peers: ``forward_before_saturation``). Requests:
 ``context`` (a context one peer holds + a new question: the deepest match), ``miss`` (a context nobody
-holds) and ``chat`` (2k characters of unique text).
+holds) and ``chat`` (2k characters of unique text). "match" is the two summary lookups alone (the request
+already hashed; in a decision the hashing is shared with the regional snapshot's).
 
 Run:  python benchmarks/bench_prefix_summary.py            (add --quick for a smaller run)
 """
@@ -97,7 +98,7 @@ def main(argv=None) -> int:
     clock = time.perf_counter
     print("\nDecision (RegionRouter.decide, GeoPrefix, 2 peers with summaries), microseconds")
     print(f"{'request':>8} {'n':>5} | {'off p50':>8} {'off p99':>8} | {'on p50':>8} {'on p99':>8} | "
-          f"{'extra p50':>9} | forwards on / off")
+          f"{'extra p50':>9} | match p50 p99 | forwards on / off")
     for kind, make in kinds.items():
         lat = {True: [], False: []}
         fwd = {True: 0, False: 0}
@@ -110,8 +111,16 @@ def main(argv=None) -> int:
                 lat[flag].append(clock() - t0)
                 fwd[flag] += d.kind == "forward"
         (a50, a99), (b50, b99) = percentile(lat[False], (50, 99)), percentile(lat[True], (50, 99))
+        match = []  # the summary lookups alone: both peers' summaries, request already hashed
+        for i in range(args.requests):
+            prep = peers["eu"].prefix_summary.prepare(make(i))
+            t0 = clock()
+            for ps in peers.values():
+                ps.prefix_summary.match_keys(prep.keys, prep.ends)
+            match.append(clock() - t0)
+        m50, m99 = percentile(match, (50, 99))
         print(f"{kind:>8} {args.requests:>5} | {a50 * 1e6:8.1f} {a99 * 1e6:8.1f} | {b50 * 1e6:8.1f} {b99 * 1e6:8.1f} | "
-              f"{(b50 - a50) * 1e6:9.1f} | {fwd[True]} / {fwd[False]}")
+              f"{(b50 - a50) * 1e6:9.1f} | {m50 * 1e6:5.1f} {m99 * 1e6:5.1f} | {fwd[True]} / {fwd[False]}")
     b50, b99 = percentile(build_s, (50, 99))
     p50, p99 = percentile(parse_s, (50, 99))
     print(f"\nsummary per heartbeat: {min(sizes)}-{max(sizes)} bytes of JSON; build + to_wire p50 {b50 * 1e3:.2f} ms "

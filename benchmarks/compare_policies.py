@@ -287,6 +287,9 @@ def main(argv=None) -> int:
     ap.add_argument("--full", action="store_true", help="each scenario's paper size (scale 1, its own duration)")
     ap.add_argument("--scale", type=float, default=None, help="override every scenario's scale")
     ap.add_argument("--duration", type=float, default=None, help="override every scenario's simulated seconds")
+    ap.add_argument("--region-layer", default=None, metavar="FIELD=VALUE[,...]",
+                    help="change REGION_LAYER fields of the per-region LBs, as `simulate --region-layer` (an "
+                         "ablation, e.g. peer_selectors.geoprefix.cost.peer_summary=false)")
     ap.add_argument("--ray", action="store_true", help="run on a fresh local Ray (2 CPUs) via sweep.run_many")
     ap.add_argument("--progress", action="store_true")
     args = ap.parse_args(argv)
@@ -309,6 +312,12 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     runs = build_runs(scenarios, systems, seeds, args.full, args.scale, args.duration)
+    if args.region_layer:
+        from ray_geolb.sim.cli import _region_layer
+
+        layer = _region_layer(args, ap)
+        for r in runs:
+            r["deploy"]["region_layer"] = layer
     keys = [r.pop("key") for r in runs]
     t0 = time.perf_counter()
     results = run_many(runs, ray=args.ray, progress=args.progress)
