@@ -45,6 +45,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--policy", default="skylb",
                     help=f"comma-separated systems ({_names_help()}) or policy names (run on per-region LBs)")
     sp.add_argument("--regions", default="us=4,eu=4,asia=4", help="replicas per region, e.g. us=4,eu=4,asia=4")
+    sp.add_argument("--region-by", choices=("row", "session", "prefix"), default=None,
+                    help="--workload trace:PATH / shared-context-trace: map rows onto the regions with replicas by "
+                         "row (dealt round-robin, the default), by session key or by the first distinct prefix block")
     sp.add_argument("--clients", default=None,
                     help="clients per region for closed-loop workloads, e.g. us=40,eu=20,asia=20")
     sp.add_argument("--seed", type=int, default=0, help="random seed (workload + simulator)")
@@ -228,7 +231,17 @@ def _workload_kwargs(args, parser, replicas: dict, net_regions) -> dict:
             parser.error(f"--workload trace:PATH: file {path!r} not found")
         kw.pop("clients", None)
         kw["region_of"] = [r for r, n in replicas.items() if n > 0]
-    elif wname in ("prefix-repetition", "prefix_repetition"):
+        if args.region_by:
+            kw["region_by"] = args.region_by
+    elif wname == "shared-context-trace":
+        if "clients" in kw:
+            parser.error("--clients does not apply to shared-context-trace (an open-loop trace)")
+        kw["region_of"] = [r for r, n in replicas.items() if n > 0]
+        if args.region_by:
+            kw["region_by"] = args.region_by
+    elif args.region_by:
+        parser.error("--region-by applies to --workload trace:PATH and shared-context-trace only")
+    if wname in ("prefix-repetition", "prefix_repetition"):
         kw.setdefault("num_replicas", sum(replicas.values()))
         if "clients" in kw:
             parser.error("--clients does not apply to prefix-repetition (its concurrency is 32 per replica)")

@@ -164,3 +164,22 @@ def test_compare_policies_runs_the_new_scenario_and_four_seeds():
                   ("shared-context", "rag"), ("shared-context", "trace-dealt")]:
         assert seeds[group] == {0, 1, 2, 3}, group
     assert len({int(s) for s in cp.DEFAULT_SEEDS.split(",")}) >= 4  # what --seeds defaults to
+
+
+def test_simulate_cli_passes_the_region_mapping(tmp_path):
+    import argparse
+
+    from ray_geolb.sim.cli import _build_runs, add_simulate_parser
+
+    ap = argparse.ArgumentParser(prog="test")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sp = add_simulate_parser(sub)
+    path = _write(tmp_path, _rows(6))
+    args = ap.parse_args(["simulate", "--workload", f"trace:{path}", "--regions", "us=1,eu=1", "--region-by",
+                          "prefix", "--policy", "skylb"])
+    runs = _build_runs(args, sp)
+    assert runs and all(r["workload"]["kw"]["region_by"] == "prefix" for r in runs)
+    assert runs[0]["workload"]["kw"]["region_of"] == ["us", "eu"]
+    args = ap.parse_args(["simulate", "--workload", "tot", "--region-by", "row"])
+    with pytest.raises(SystemExit):
+        _build_runs(args, sp)
