@@ -16,10 +16,13 @@ Bounds (the defaults, ``CostSelectorConfig.summary_max_keys`` = 2048, ``summary_
   :data:`MAX_WIRE_BITS` bits.
 * **false positives**: ``k = round(bits_per_key * ln 2)`` hash functions (7 at 10 bits per key)
   give a per-key false-positive rate of ``(1 - exp(-k n / m)) ** k`` <= 0.82 % at the full load
-  (:meth:`false_positive_rate` states it for the actual ``n``, ``m``, ``k``). A match walks the
-  request's blocks from the first: a false positive can only lengthen a true match, by one block
-  with at most that probability (j blocks: its j-th power), and a request with no true match gets a
-  spurious one of ``min_match_chars`` = 256 characters (the first 4 blocks) with probability <= 0.0082**4.
+  (:meth:`false_positive_rate` states it for the actual ``n``, ``m``, ``k``). A match is the deepest
+  block of the request found in the filter (:meth:`match_keys`: a binary search, since the published
+  set is prefix-closed, whose answer must have its first block and the two blocks before it in the
+  filter, else the blocks are walked from the first): a false positive lengthens a true match by one
+  block with at most that probability, and a request with no true match gets a spurious one of
+  ``min_match_chars`` = 256 characters (4 blocks at the default geometry) only if 4 lookups are false
+  positives (~0.0082**4).
 * **no false negatives** for the keys it was built from; the summary is as approximate as the
   index it summarises (what the LB sent, not what the engines still cache) and as old as the
   heartbeat that carried it.
