@@ -183,3 +183,19 @@ def test_simulate_cli_passes_the_region_mapping(tmp_path):
     args = ap.parse_args(["simulate", "--workload", "tot", "--region-by", "row"])
     with pytest.raises(SystemExit):
         _build_runs(args, sp)
+
+
+def test_simulator_relays_geoprefix_summaries_with_the_heartbeats():
+    from ray_geolb.policy.region.config import REGION_LAYER
+
+    run = [r for r in scenario_runs("shared-context", scale=0.25, duration_s=10.0, seed=1, systems=["geoprefix"])
+           if r["group"] == "rag"][0]
+    c = run_one(run)["counters"]
+    assert c["prefix_summaries"] == c["heartbeats"] > 0  # one per heartbeat, every region
+    assert 0 < c["prefix_summary_bytes"] / c["prefix_summaries"] <= c["prefix_summary_bytes_max"] <= 3600
+    off = REGION_LAYER.model_dump()["peer_selectors"]
+    off["geoprefix"]["cost"]["peer_summary"] = False
+    run["deploy"]["region_layer"] = {"peer_selectors": off}
+    assert "prefix_summaries" not in run_one(run)["counters"]
+    run = [r for r in scenario_runs("shared-context", scale=0.25, duration_s=10.0, seed=1, systems=["skylb"])][0]
+    assert "prefix_summaries" not in run_one(run)["counters"]  # other systems publish none
