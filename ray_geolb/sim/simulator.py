@@ -146,6 +146,14 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                            "their token counts",
     "forward_timeout_s": "forwards never fail in the simulator (no failures: no timeouts, no unreachable peer, "
                          "no re-decision after a failed forward)",
+    "request_timeout_s": "a request's deadline until its response starts (503 / 504); simulated requests wait "
+                         "at most max_wait_s at an LB, which is compared, and nothing else fails or stalls",
+    "retry_budget_ratio": "the budget of retries of forwards that could not reach their peer; forwards never "
+                          "fail in the simulator",
+    "retry_budget_min_per_s": "the budget of retries of forwards that could not reach their peer; forwards "
+                              "never fail in the simulator",
+    "snapshot_max_rows": "rows of the regional snapshot one heartbeat may carry to the registry's mirror (for a "
+                         "restarted ingress); the simulator mirrors no snapshot: simulated LBs never restart",
     "debug": "operator access to the state endpoint and per-request figures",
     "admin_token": "operator access to the state endpoint and per-request figures",
     "admin_token_env": "operator access to the state endpoint and per-request figures",
