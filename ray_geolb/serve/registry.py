@@ -9,6 +9,11 @@
   (``queued_tokens``, ``inflight``, ``t_p_s``, ``replicas``; validated: at most 16 finite numbers
   >= 0), aggregated the same way (queued tokens and in-flight summed, replicas max, others mean)
   and relayed to every peer as ``PeerState.extra``;
+* **prefix summaries** -- each source's hash-only Bloom filter of the prefixes its replicas hold
+  (``policy/region/prefix_summary.py``; at most ``max_summary_bytes`` of JSON, validated by
+  ``PrefixSummary.from_wire``), sent when it changed and kept until replaced; the table relays, per
+  region, the freshest source's (filters of different sizes cannot be merged) as
+  ``prefix_summaries[region]``;
 * **measured RTTs** -- ``rtts[src][dst]`` in seconds, as each ingress measured them (EWMA of pings);
 * **regional snapshots** -- what the region forwarded to each peer, mirrored by bounded deltas (at
   most ``max_snapshot_rows`` rows per heartbeat; ``snapshot_sync.py`` has both ends of the protocol),
@@ -31,12 +36,14 @@ The client each ingress runs is :class:`~ray_geolb.serve.registry_client.Registr
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import math
 import os
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from ray_geolb.policy.region.prefix_summary import PrefixSummary
 from ray_geolb.serve.snapshot_sync import DEFAULT_MAX_ROWS, SnapshotStore, trim_snapshot
 
 logger = logging.getLogger("ray_geolb.registry")
@@ -115,11 +122,13 @@ class RegistryState:
         drop_after_s: float = 60.0,
         max_snapshot_nodes: int = 20_000,
         max_snapshot_rows: int = 5 * DEFAULT_MAX_ROWS,
+        max_summary_bytes: int = 16 * 1024,
         clock: Callable[[], float] = time.monotonic,
         secret: Optional[str] = None,
     ):
         for name, v in (("max_regions", max_regions), ("max_sources_per_region", max_sources_per_region),
-                        ("max_snapshot_nodes", max_snapshot_nodes), ("max_snapshot_rows", max_snapshot_rows)):
+                        ("max_snapshot_nodes", max_snapshot_nodes), ("max_snapshot_rows", max_snapshot_rows),
+                        ("max_summary_bytes", max_summary_bytes)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         _finite_nonneg(fresh_s, "fresh_s")
@@ -137,6 +146,8 @@ class RegistryState:
         self._sources: Dict[str, Dict[str, dict]] = {}
         self._rtts: Dict[str, Dict[str, float]] = {}
         self._snapshots = SnapshotStore(max_snapshot_nodes, max_snapshot_rows)
+        self.max_summary_bytes = max_summary_bytes
+        self._summaries: Dict[str, Dict[str, tuple]] = {}  # region -> source -> (wire dict, time)
         self.started_at = clock()
         self.heartbeats = 0
         self.rejected = 0
@@ -171,6 +182,10 @@ class RegistryState:
                 errors.append(str(e))
                 continue
             region, source = item["region"], str(item.get("source") or item["region"])
+            if item.get("prefix_summary") is not None:
+                err = self._apply_summary(region, source, item["prefix_summary"], now)
+                if err:
+                    errors.append(err)
             if "snapshot" in item:
                 errors.append("heartbeat.snapshot (a whole snapshot) is not accepted: send snapshot_delta")
             if item.get("snapshot_delta") is not None:
@@ -224,10 +239,27 @@ class RegistryState:
                 for peer in [p for p in mine if p not in self._sources][: len(mine) - self.max_regions]:
                     del mine[peer]
 
+    def _apply_summary(self, region: str, source: str, wire, now: float) -> Optional[str]:
+        """Store a source's prefix summary (the rest of the heartbeat applies whatever happens here)."""
+        try:
+            size = len(json.dumps(wire, separators=(",", ":")))
+            if size > self.max_summary_bytes:
+                raise ValueError(f"{size} bytes of JSON; at most {self.max_summary_bytes}")
+            PrefixSummary.from_wire(wire)  # validates: version, geometry, sizes, base64
+        except (ValueError, TypeError) as e:
+            self.rejected += 1
+            return f"heartbeat.prefix_summary from {source!r} refused: {e}"
+        srcs = self._summaries.setdefault(region, {})
+        srcs[source] = (wire, now)
+        if len(srcs) > self.max_sources:
+            del srcs[min(srcs, key=lambda s: srcs[s][1])]
+        return None
+
     def _forget(self, region: str) -> None:
         self._sources.pop(region, None)
         self._rtts.pop(region, None)
         self._snapshots.forget(region)
+        self._summaries.pop(region, None)
         for m in self._rtts.values():
             m.pop(region, None)
 
@@ -243,6 +275,7 @@ class RegistryState:
     def table(self, now: Optional[float] = None) -> dict:
         now = self._clock() if now is None else now
         regions = {}
+        summaries = {}
         for region, srcs in self._sources.items():
             fresh = [v for v in srcs.values() if now - v["t"] <= self.fresh_s]
             if not fresh:
@@ -253,6 +286,9 @@ class RegistryState:
                 "age_s": max(0.0, now - max(v["t"] for v in fresh)),
                 "sources": len(srcs),
             }
+            sums = self._summaries.get(region)
+            if sums:
+                summaries[region] = max(sums.values(), key=lambda x: x[1])[0]
             extras = [v["extra"] for v in fresh if v.get("extra")]
             if extras:
                 regions[region]["extra"] = _aggregate_extra(extras)
@@ -260,6 +296,7 @@ class RegistryState:
             "regions": regions,
             "rtts": {r: dict(m) for r, m in self._rtts.items()},
             "snapshot_versions": self._snapshots.versions(),
+            "prefix_summaries": summaries,
             "uptime_s": now - self.started_at,
         }
 

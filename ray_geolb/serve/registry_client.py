@@ -193,7 +193,8 @@ def peer_states_from_table(table: dict, received_at: float, own_region: str):
     """``PeerState`` objects for every other region of a registry table.
 
     ``timestamp`` = ``received_at - age_s`` on the caller's clock; ``rtt_s`` = what *this* region
-    measured to the peer (``rtts[own][peer]``), else the peer's measurement back, else None.
+    measured to the peer (``rtts[own][peer]``), else the peer's measurement back, else None;
+    ``prefix_summary`` = the peer's hash-only prefix summary (``prefix_summaries[peer]``), else None.
     """
     from ray_geolb.policy.region.router import PeerState
 
@@ -219,5 +220,20 @@ def peer_states_from_table(table: dict, received_at: float, own_region: str):
             extra.update(ex)
         out.append(PeerState(region=region, available_replicas=int(e["available_replicas"]),
                              queue_len=int(e["queue_len"]), timestamp=received_at - float(e["age_s"]),
-                             rtt_s=rtt, extra=extra))
+                             rtt_s=rtt, extra=extra, prefix_summary=_summary(table, region)))
     return out
+
+
+def _summary(table: dict, region: str):
+    """The region's prefix summary from a registry table (``PrefixSummary``), or None (none sent, or
+    malformed: a registry of another version; the rest of the entry is used)."""
+    wire = (table.get("prefix_summaries") or {}).get(region)
+    if wire is None:
+        return None
+    from ray_geolb.policy.region.prefix_summary import PrefixSummary
+
+    try:
+        return PrefixSummary.from_wire(wire)
+    except (ValueError, TypeError) as err:
+        logger.warning("ignoring the prefix summary of %s: %s", region, err)
+        return None

@@ -270,6 +270,39 @@ def test_whole_snapshots_are_refused_and_stored_copies_are_bounded():
     assert idx2.longest(f"shared-system-prompt/{199 % 37:04d}/00199/" + "x" * 40)[0] == ["eu"]
 
 
+def test_prefix_summaries_are_relayed_per_region_validated_and_bounded():
+    from ray_geolb.policy.region.prefix_summary import PrefixSummary
+
+    doc = "a long shared document about geography " * 60
+    idx = PrefixIndex(block_chars=64, growth=0.125)
+    idx.insert(doc, "r1", now=1.0)
+    summary = PrefixSummary.build(idx)
+    clk = FakeClock()
+    st = RegistryState(clock=clk)
+    st.heartbeat_batch([hb("eu", 1, source="eu/1", prefix_summary=summary.to_wire()), hb("us", 1)])
+    clk.t += 1
+    st.heartbeat_batch([hb("eu", 1, source="eu/1")])  # no summary this time: the last one is kept
+    table = st.table()
+    peers = {p.region: p for p in peer_states_from_table(table, 0.0, "us")}
+    got = peers["eu"].prefix_summary
+    assert got is not None and got.n == summary.n
+    assert got.match(doc) == summary.match(doc) > len(doc) // 2
+    assert peers["eu"].prefix_summary is not None and "us" not in table["prefix_summaries"]
+    # a second ingress replica's newer summary is the one relayed (filters cannot be merged)
+    idx.insert("another prompt entirely " * 30, "r1", now=2.0)
+    newer = PrefixSummary.build(idx)
+    st.heartbeat_batch([hb("eu", 1, source="eu/2", prefix_summary=newer.to_wire())])
+    assert st.table()["prefix_summaries"]["eu"]["n"] == newer.n
+    # malformed or oversized: refused by name, the heartbeat's figures still apply
+    small = RegistryState(clock=clk, max_summary_bytes=50)
+    t = small.heartbeat_batch([hb("eu", 2, source="eu/1", prefix_summary=summary.to_wire()),
+                               hb("asia", 3, source="asia/1", prefix_summary={**summary.to_wire(), "k": 99})])
+    assert t["regions"]["eu"]["available_replicas"] == 2 and t["regions"]["asia"]["available_replicas"] == 3
+    assert any("eu/1" in e and "at most 50" in e for e in t["errors"]), t["errors"]
+    assert any("asia/1" in e and "prefix_summary" in e for e in t["errors"]), t["errors"]
+    assert t["prefix_summaries"] == {}
+
+
 def test_trim_keeps_parents():
     idx = PrefixIndex(block_chars=4, growth=0.0)
     for i in range(30):

@@ -246,7 +246,8 @@ def test_forward_only_when_saturated(geo):
 
 def test_peer_extras_reach_the_cost_selector(geo):
     """GeoPrefix's region layer in Serve: each ingress publishes its router's load (in-flight requests,
-    queued tokens, pooled t_p, replicas) in its heartbeat, the registry relays it, and the saturated
+    queued tokens, pooled t_p, replicas) and its hash-only prefix summary in its heartbeat, the
+    registry relays them, and the saturated
     region's cost selector prices the peers with it. eu is nearer and has a free slot and an empty
     queue (SP-P availability says "go"), but already runs a long request; asia is idle. The overflow
     from us goes to asia, and the cost beyond the RTT that made eu dearer is the relayed in-flight
@@ -277,6 +278,13 @@ def test_peer_extras_reach_the_cost_selector(geo):
                 assert time.time() < deadline, st["peers"]
                 await asyncio.sleep(0.1)
             seen = st["peers"]
+            deadline = time.time() + 20
+            while not (st["peers"]["eu"]["prefix_summary"] or {}).get("keys"):
+                # eu's router indexed the long prompt: its hash-only summary reaches us via the registry
+                assert time.time() < deadline, st["peers"]["eu"]
+                await asyncio.sleep(0.1)
+                st = await state("us")
+            summary = st["peers"]["eu"]["prefix_summary"]
             us_long = [asyncio.ensure_future(c.post(f"{geo}/us/v1/chat/completions",
                                                     json=chat(f"us long {i} " * 300, n=600),
                                                     headers={"x-allowed-regions": "us"})) for i in range(2)]
@@ -287,9 +295,11 @@ def test_peer_extras_reach_the_cost_selector(geo):
             probe = await c.post(f"{geo}/us/v1/chat/completions", json=chat("where should I go " * 250, n=4))
             after = await state("us")
             rest = await asyncio.gather(eu_long, *us_long)
-        return seen, probe, after, rest
+        return seen, probe, after, rest, summary
 
-    seen, probe, after, rest = asyncio.run(run())
+    seen, probe, after, rest, summary = asyncio.run(run())
+    # the summary: a Bloom filter of block keys (no text), a few hundred bytes, stated false-positive rate
+    assert summary["keys"] >= 10 and 0 < summary["bytes"] < 4096 and summary["false_positive_rate"] < 0.01, summary
     assert all(r.status_code == 200 for r in rest)
     assert after["remote"] == "cost"  # GeoPrefix's region layer (geoprefix_two_layer) by default
     for r in ("eu", "asia"):  # the relayed extras: what each peer's ingress computed from its router

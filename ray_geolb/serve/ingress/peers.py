@@ -8,6 +8,8 @@ Background work only -- never on a request's path:
 * RTT probes: every ``rtt_probe_period_s`` each peer ingress is pinged through the injected
   inter-region latency and the sample goes to ``RegionRouter.observe_rtt`` -- the region layer's one
   RTT estimate, reported to the registry with the heartbeat and read back as ``PeerState.rtt_s``;
+* this region's hash-only prefix summary (``RegionRouter.prefix_summary``), with the heartbeat when it
+  changed (and every ``SUMMARY_REFRESH_S``); the peers' come back in the table as ``PeerState.prefix_summary``;
 * the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry by
   bounded deltas (``snapshot_sync.py``: at most ``snapshot_max_rows`` rows per heartbeat) at most
   every ``snapshot_period_s`` after it changed, sent again whole (in chunks) when the registry does
@@ -44,6 +46,8 @@ logger = logging.getLogger("ray.serve")
 __all__ = ["PeerMesh"]
 
 PING_TIMEOUT_S = 5.0
+#: a region's prefix summary is sent when it changed, and at least this often (a restarted registry)
+SUMMARY_REFRESH_S = 5.0
 #: an unreachable peer's circuit stays open this long after its first failure, doubling per failure
 BREAKER_BACKOFF_S = 1.0
 BREAKER_MAX_S = 30.0
@@ -73,6 +77,8 @@ class PeerMesh:
         self._snapshot_dirty = False
         self._snapshot_sent_at = 0.0
         self.snapshot_writer = SnapshotWriter(cfg.snapshot_max_rows)
+        self._summary_sent = None  # the last PrefixSummary sent, and when
+        self._summary_sent_at = float("-inf")
         self._tasks: List[asyncio.Task] = []
         self._open_until: Dict[str, float] = {}  # peer -> monotonic time its circuit closes again
         self._failures: Dict[str, int] = {}
@@ -138,6 +144,11 @@ class PeerMesh:
         if rep.get("extra"):
             hb["extra"] = rep["extra"]
         now = self._clock()
+        summary = self._prefix_summary()
+        if summary is not None and (summary is not self._summary_sent
+                                    or now - self._summary_sent_at >= SUMMARY_REFRESH_S):
+            hb["prefix_summary"] = summary.to_wire()
+            self._summary_sent, self._summary_sent_at = summary, now
         w = self.snapshot_writer
         if w.pending or (self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s):
             delta = w.delta(self.router.snapshot.snapshot())
@@ -146,6 +157,17 @@ class PeerMesh:
             self._snapshot_sent_at = now
             self._snapshot_dirty = False
         return hb
+
+    def _prefix_summary(self):
+        """This region's prefix summary (``RegionRouter.prefix_summary``: GeoPrefix's cost selector
+        publishes one), or None. It reads the router's live index from this thread: a read racing a
+        mutation raises, and the summary waits for the next heartbeat."""
+        for _ in range(3):
+            try:
+                return self.router.prefix_summary()
+            except Exception:  # noqa: BLE001 - a racing read
+                continue
+        return None
 
     def _on_table(self, table: dict, received_at: float) -> None:
         for ps in peer_states_from_table(table, received_at, self.region):

@@ -554,4 +554,7 @@ def _peer_state(ps, now: float) -> dict:
     return {"available_replicas": ps.available_replicas, "queue_len": ps.queue_len,
             "age_s": None if math.isinf(age) else round(age, 3),
             "rtt_ms": None if ps.rtt_s is None else round(ps.rtt_s * 1000, 2),
-            "extra": {k: v for k, v in (ps.extra or {}).items() if isinstance(v, (int, float)) and math.isfinite(v)}}
+            "extra": {k: v for k, v in (ps.extra or {}).items() if isinstance(v, (int, float)) and math.isfinite(v)},
+            "prefix_summary": None if ps.prefix_summary is None else
+            {"keys": ps.prefix_summary.n, "bytes": ps.prefix_summary.wire_bytes(),
+             "false_positive_rate": round(ps.prefix_summary.false_positive_rate(), 5)}}
