@@ -15,6 +15,8 @@ and the reports they send.
   whose ``record_routing_stats`` is only KV-event metadata -- leaves selective pushing blind (every
   replica looks empty). The router then logs one warning naming the fix (``server_cls =
   GeoVLLMServer``) and counts each such replica in ``counters["no_load_signal"]``.
+* Idle engines: a new report of nothing waiting and nothing running goes to ``on_idle`` (the router
+  drops in-flight records routed there long before: ``RequestBook.reconcile``).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ __all__ = ["ReplicaSet"]
 
 
 class ReplicaSet:
-    def __init__(self, policy, region: Optional[str], counters: Dict[str, int], log_error: Callable[[str], None]):
+    def __init__(self, policy, region: Optional[str], counters: Dict[str, int], log_error: Callable[[str], None],
+                 on_idle: Optional[Callable[[str, float], None]] = None):
         self.policy = policy
+        self.on_idle = on_idle  # (replica, report time) of each new report of an idle engine
         self.region = region
         self.counters = counters
         self._log_error = log_error
@@ -90,6 +94,8 @@ class ReplicaSet:
         try:
             rs = ReplicaStats.from_dict(st, default_timestamp=now, now=now)
             self.policy.on_stats(uid, rs)
+            if self.on_idle is not None and rs.num_waiting == 0 and rs.num_running == 0 and uid in self.loaded:
+                self.on_idle(uid, rs.timestamp)
             if rs.ttft_samples:  # TTFTs the replica measured since its previous report
                 observe = self.policy.observe_ttft
                 for x, y in rs.ttft_samples:

@@ -89,7 +89,7 @@ class RequestBook:
         # held requests, FCFS by internal id, with their prompt-token sum (the region layer's Q_lb)
         self.held: "HoldQueue[str, Entry]" = HoldQueue(_entry_tokens)
         self._task_iid: Dict[Any, str] = {}
-        self.inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest)
+        self.inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest, routed at)
         self.decisions: "OrderedDict[str, dict]" = OrderedDict()
         self._decision_log_size = int(decision_log_size)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
@@ -221,7 +221,7 @@ class RequestBook:
             self.unreserve(ent)
         if local:
             self.policy.on_dispatch(ent.req, target, now)
-            self.inflight[iid] = (target, ent.req)
+            self.inflight[iid] = (target, ent.req, now)
         self.counters["routed"] += 1
         self._log_decision(md, iid, {
             "replica": target,
@@ -247,7 +247,7 @@ class RequestBook:
         """The request left ``replica_uid`` (done, failed, cancelled, or rejected before acceptance)."""
         x = self.inflight.pop(iid, None)
         if x is not None:
-            target, req = x
+            target, req, _ = x
             self.policy.on_complete(iid, target, policy_now(), req=req)
         else:
             # Never accepted: the replica rejected it (Ray routes it again and choose_replicas makes a
@@ -262,10 +262,23 @@ class RequestBook:
 
     def oldest_inflight(self, n: int) -> list:
         """``[[request id, target], ...]`` of the first ``n`` in-flight records (oldest first)."""
-        return [[req.request_id, t] for t, req in list(self.inflight.values())[:n]]
+        return [[req.request_id, t] for t, req, _ in list(self.inflight.values())[:n]]
+
+    def reconcile(self, uid: str, idle_at: float, grace_s: float) -> int:
+        """Replica ``uid`` reported an idle engine (nothing waiting, nothing running) at ``idle_at``:
+        a record routed there more than ``grace_s`` before that cannot still be at the engine (nor on
+        its way), so its completion was lost (Ray never called ``on_request_completed``). It goes,
+        counted in ``counters["reconciled"]``, so the replica's SP-P slots come back. Returns how many."""
+        gone = [iid for iid, (t, _req, at) in self.inflight.items() if t == uid and at < idle_at - grace_s]
+        for iid in gone:
+            _t, req, _at = self.inflight.pop(iid)
+            self.policy.on_complete(iid, uid, idle_at, req=req)
+        if gone:
+            self.counters["reconciled"] = self.counters.get("reconciled", 0) + len(gone)
+        return len(gone)
 
     def drop_replica(self, uid: str) -> None:
         """A replica died: its in-flight records go (Ray will not report their completion)."""
-        for iid, (t, _req) in list(self.inflight.items()):
+        for iid, (t, _req, _at) in list(self.inflight.items()):
             if t == uid:
                 del self.inflight[iid]

@@ -32,7 +32,10 @@ decision log). This class wires them into Ray's hooks.
   in-flight accounting: a *reservation* (``tracker.on_dispatch``) when ``choose_replicas`` picks a
   replica (so two requests routed before the first is acknowledged do not both see the same
   headroom), confirmed by ``on_request_routed`` -> ``policy.on_dispatch`` (prefix-index insert), and
-  released by ``on_request_completed`` -> ``policy.on_complete``.
+  released by ``on_request_completed`` -> ``policy.on_complete``. Engine truth wins: when a replica
+  reports an idle engine, the in-flight records routed there more than ``reconcile_after_s`` (2 s)
+  before that report are released too (a completion Ray never delivered; counted in
+  ``counters["reconciled"]``; the soak found one after a replica was killed under load).
 * Selective pushing (SP-P): when the policy holds (returns None), ``choose_replicas`` returns ``[]``
   with ``routing_context.should_backoff = True``. Held requests are served strictly FCFS: a request
   may take a replica only if no older held request is waiting (the head of the held queue goes
@@ -112,6 +115,7 @@ class GeoPrefixRouter(RequestRouter):
         stats_seen_margin_s: float = 0.05,
         headroom_share: Any = "auto",
         load_signal_grace_s: float = 30.0,
+        reconcile_after_s: Optional[float] = 2.0,
         _inject_error_every: int = 0,
         **unknown,
     ):
@@ -146,15 +150,22 @@ class GeoPrefixRouter(RequestRouter):
         self.counters: Dict[str, int] = {
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
             "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0, "no_load_signal": 0,
-            "handed_over": 0,
+            "handed_over": 0, "reconciled": 0,
         }
         self.headroom_share = check_share(headroom_share)
         if not (isinstance(load_signal_grace_s, (int, float)) and load_signal_grace_s > 0):
             raise ValueError(f"GeoPrefixRouter: load_signal_grace_s must be > 0, got {load_signal_grace_s!r}")
         self.load_signal_grace_s = float(load_signal_grace_s)
         self._next_load_check = 0.0
-        self.replicas = ReplicaSet(self.policy, region, self.counters, self._log_error)
+        if reconcile_after_s is not None and (isinstance(reconcile_after_s, bool)
+                                              or not isinstance(reconcile_after_s, (int, float))
+                                              or not reconcile_after_s > 0):
+            raise ValueError(f"GeoPrefixRouter: reconcile_after_s must be > 0 or None, got {reconcile_after_s!r}")
+        self.reconcile_after_s = reconcile_after_s
         self.book = RequestBook(self.policy, region, self.counters, decision_log_size)
+        on_idle = None if reconcile_after_s is None else (
+            lambda uid, at: self.book.reconcile(uid, at, self.reconcile_after_s))
+        self.replicas = ReplicaSet(self.policy, region, self.counters, self._log_error, on_idle=on_idle)
         dep = getattr(self, "_deployment_id", None)
         key = (getattr(dep, "app_name", ""), getattr(dep, "name", ""))
         self.deployment_key = key
@@ -236,8 +247,10 @@ class GeoPrefixRouter(RequestRouter):
             "unavailable": len(self.replicas.local_ids) - len(tr.available),
             "distrusted_reports": tr.distrusted_reports,
             "engines": self.replicas.reported_load(),
-            # the oldest few in-flight requests (request id, seconds since routed): what a leak holds
+            # the oldest few in-flight requests ([request id, replica]): what a leak holds
             "oldest_inflight": book.oldest_inflight(3),
+            # the prefix tree's nodes (bounded by the policy's prefix.max_nodes): what memory holds
+            "index_nodes": getattr(getattr(self.policy, "index", None), "num_nodes", None),
         }
 
     # ------------------------------------------------------------------ replicas and stats

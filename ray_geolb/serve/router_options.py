@@ -9,7 +9,7 @@ from ray import serve
 __all__ = ["KWARGS", "check_kwargs", "check_share", "holder_share"]
 
 KWARGS = ("policy", "region", "queue_bound", "queue_bound_tokens", "wait_limit_s", "retry_after_s", "error_delivery",
-           "decision_log_size", "stats_seen_margin_s", "headroom_share", "load_signal_grace_s")
+           "decision_log_size", "stats_seen_margin_s", "headroom_share", "load_signal_grace_s", "reconcile_after_s")
 
 
 def holder_share():
