@@ -36,6 +36,8 @@ before an ingress replica unpickled a class that imports vLLM, so that replica f
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import importlib
 import json
@@ -75,9 +77,36 @@ def llm_protocol():
     """Ray Serve LLM's OpenAI protocol classes (``ChatCompletionRequest``, ``CompletionRequest``,
     ``ChatCompletionResponse``, ``CompletionResponse``, ``ErrorResponse``), imported on first use."""
     guard_broken_torch_extras()
-    from ray.llm._internal.serve.core.configs import openai_api_models as m
+    with logging_handlers_kept():
+        from ray.llm._internal.serve.core.configs import openai_api_models as m
 
     return m
+
+
+@contextlib.contextmanager
+def logging_handlers_kept():
+    """Keep this process's buffering log handlers working across an import of vLLM.
+
+    vLLM configures logging when it is first imported (``logging.config.dictConfig``), which closes
+    every handler that exists; a closed ``MemoryHandler`` loses its target and from then on keeps
+    every record it is given. Ray Serve's replica logger is one: in a region ingress (which imports
+    vLLM's protocol classes after Serve set up its logging) every access-log line stayed in memory
+    for good and none reached the log file (found by ``benchmarks/soak.py``: ~1 ``LogRecord`` per
+    request). Each ``MemoryHandler``'s target is put back after the import (a closed file handler
+    reopens on its next record)."""
+    import logging
+    import logging.handlers
+
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.Logger.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    kept = [(h, h.target) for lg in loggers for h in lg.handlers
+            if isinstance(h, logging.handlers.MemoryHandler) and h.target is not None]
+    try:
+        yield
+    finally:
+        for h, target in kept:
+            if h.target is None:
+                h.setTarget(target)
 
 
 # ---------------------------------------------------------------------------------------------- payloads
