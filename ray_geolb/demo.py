@@ -7,7 +7,10 @@ What it does (CPU only, ~3 minutes with the defaults):
 2. for each router -- GeoPrefixRouter (its default GeoPrefix policy + cross-region forwarding by
    the TTFT-cost region layer; ``--policy skylb`` for SkyLB's), Ray's default
    power-of-two router, Ray's PrefixCacheAffinityRouter (or our ``ray_prefix`` re-implementation if
-   ``ray.serve.llm`` cannot be imported) -- deploys one app per region (us 2 replicas, eu 1, asia 1;
+   ``ray.serve.llm`` cannot be imported), and **one central router**: Ray's prefix-aware router in us
+   over every region's replicas (``app.build_central_app``; each request pays the injected RTT from
+   its client's region to us and from us to the replica's region) -- deploys one app per region (or
+   the central app; us 2 replicas, eu 1, asia 1;
    emulated engines with the calibrated engine model; inter-region latency injected from the RTT
    matrix), drives a regionally skewed workload (ShareGPT conversations re-sending their history +
    Tree-of-Thoughts on GSM8K; "US working hours": 19 of 21 closed-loop clients in us, so us is
@@ -36,7 +39,9 @@ from ray_geolb.percentile import percentile
 from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
 
 ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)",
-                 "ray_prefix": "Ray PrefixCacheAffinity"}
+                 "ray_prefix": "Ray PrefixCacheAffinity", "central": "Central Ray prefix (all regions)"}
+#: the region the central router runs in (``--routers central``)
+CENTRAL_HOME = "us"
 
 
 def _say(msg: str) -> None:
@@ -62,8 +67,8 @@ def _parse_clients(s: str) -> Dict[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ray_geolb demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--routers", default="geo,pow2,ray_prefix",
-                    help="comma-separated subset of geo,pow2,ray_prefix (default: all three)")
+    ap.add_argument("--routers", default="geo,pow2,ray_prefix,central",
+                    help="comma-separated subset of geo,pow2,ray_prefix,central (default: all four)")
     ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per router (default 30)")
     ap.add_argument("--replicas", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
                     help="replicas per region, e.g. us=2,eu=1,asia=1")
@@ -106,7 +111,9 @@ def build_workloads(conv_clients, tot_clients, seed):
 class LoadRun:
     """Closed-loop clients over HTTP (streaming), for ``duration`` seconds."""
 
-    def __init__(self, base: str, workloads, duration: float, max_tokens: int, label: str):
+    def __init__(self, base: str, workloads, duration: float, max_tokens: int, label: str,
+                 central: Optional[Dict[str, float]] = None):
+        self.central = central  # {client region: RTT to the central router's region}; None: per-region apps
         self.base = base
         self.workloads = workloads
         self.duration = duration
@@ -135,8 +142,13 @@ class LoadRun:
         rec = {"region": region, "t0": time.monotonic(), "status": None, "ttft": None, "e2e": None,
                "served": None, "route": None, "tokens": 0}
         self.inflight += 1
+        # a central router: the client pays its RTT to the router's region (half there, half back)
+        half = 0.0 if self.central is None else self.central.get(region, 0.0) / 2
+        target = region if self.central is None else "central"
         try:
-            async with client.stream("POST", f"{self.base}/{region}/v1/{path}", json=body,
+            if half:
+                await asyncio.sleep(half)
+            async with client.stream("POST", f"{self.base}/{target}/v1/{path}", json=body,
                                      headers={"x-session-id": call.session_key}) as r:
                 rec["status"] = r.status_code
                 rec["served"] = r.headers.get("x-geolb-region")
@@ -147,11 +159,15 @@ class LoadRun:
                     async for line in r.aiter_lines():
                         if line.startswith("data: {"):
                             if rec["ttft"] is None:
-                                rec["ttft"] = time.monotonic() - rec["t0"]
+                                rec["ttft"] = time.monotonic() - rec["t0"] + half
                             if '"error"' in line:
                                 rec["status"] = 599
                             rec["tokens"] += 1
+            if half:
+                await asyncio.sleep(half)
             rec["e2e"] = time.monotonic() - rec["t0"]
+            if self.central is not None and rec["status"] == 200:
+                rec["route"] = "local" if region == CENTRAL_HOME else "forwarded"  # crossed regions to the router
         except (httpx.HTTPError, OSError) as e:
             rec["status"] = -1
             rec["error"] = f"{type(e).__name__}: {e}"[:200]
@@ -256,12 +272,13 @@ def format_table(rows: List[dict]) -> str:
     def f(v, fmt):
         return "-" if v is None else format(v, fmt)
 
-    head = (f"{'router':<26} {'ok/req':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
+    w = max([26] + [len(r["label"]) for r in rows])
+    head = (f"{'router':<{w}} {'ok/req':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
             f"{'prefix hit':>10} {'cross-reg':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
-            f"{r['label']:<26} {str(r['ok']) + '/' + str(r['requests']):>9} {f(r['throughput_rps'], '.2f'):>6} "
+            f"{r['label']:<{w}} {str(r['ok']) + '/' + str(r['requests']):>9} {f(r['throughput_rps'], '.2f'):>6} "
             f"{f(r['ttft_p50_ms'], '.0f') + ' ms':>9} {f(r['ttft_p99_ms'], '.0f') + ' ms':>9} "
             f"{f(None if r['prefix_hit_rate'] is None else 100 * r['prefix_hit_rate'], '.1f') + ' %':>10} "
             f"{f(100 * r['cross_region_share'], '.1f') + ' %':>9}")
@@ -281,7 +298,7 @@ def plot(rows: List[dict], path: Path, title: str = "ray_geolb demo") -> Optiona
                ("cross_region_share", "cross-region (%)", 100)]
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.4))
     labels = [r["label"].split(" (")[0].replace("PrefixCacheAffinity", "PrefixAff.") for r in rows]
-    colors = ["#2b8cbe", "#969696", "#fdae6b", "#a1d99b"][: len(rows)]
+    colors = ["#2b8cbe", "#969696", "#fdae6b", "#a1d99b", "#de2d26"][: len(rows)]
     for ax, (key, name, mul) in zip(axes, metrics):
         vals = [0.0 if r[key] is None else r[key] * mul for r in rows]
         ax.bar(range(len(rows)), vals, color=colors)
@@ -300,26 +317,45 @@ def plot(rows: List[dict], path: Path, title: str = "ray_geolb demo") -> Optiona
 def run_router(router: str, args, base: str, workloads) -> dict:
     from ray import serve
 
-    from ray_geolb.serve.app import build_region_apps, delete_region_apps, deploy_region_apps, ray_prefix_router_class
+    from ray_geolb.serve.app import (
+        build_central_app,
+        build_region_apps,
+        delete_region_apps,
+        deploy_region_apps,
+        ray_prefix_router_class,
+    )
+    from ray_geolb.serve.latency import LatencyInjector
 
     label = ROUTER_LABELS[router]
     if router == "geo" and args.policy:
         label = f"GeoPrefixRouter ({args.policy})"
     if router == "ray_prefix" and ray_prefix_router_class() is None:
         label = "ray_prefix (our re-impl.)"
-    _say(f"{label}: deploying {len(args.replicas)} region apps ...")
+    _say(f"{label}: deploying " + ("one central app over every region's replicas" if router == "central"
+                                   else f"{len(args.replicas)} region apps") + " ...")
     t = time.monotonic()
-    apps = build_region_apps(args.replicas, router=router, policy=args.policy if router == "geo" else None,
-                             engine_profile=args.profile, time_scale=args.time_scale,
-                             output_tokens=args.max_tokens, engine_overrides={"max_num_seqs": args.max_num_seqs},
-                             latency={"scale": args.latency_scale}, stats_period_s=args.stats_period,
-                             ingress={"max_queue": 512, "max_wait_s": 60.0, "admin_token": args.admin_token})
+    engine = dict(engine_profile=args.profile, time_scale=args.time_scale, output_tokens=args.max_tokens,
+                  engine_overrides={"max_num_seqs": args.max_num_seqs}, latency={"scale": args.latency_scale},
+                  stats_period_s=args.stats_period,
+                  ingress={"max_queue": 512, "max_wait_s": 60.0, "admin_token": args.admin_token})
+    central = None
+    if router == "central":
+        home = CENTRAL_HOME if CENTRAL_HOME in args.replicas else next(iter(args.replicas))
+        prefix = "ray_prefix" if ray_prefix_router_class() is not None else "pow2"
+        if prefix == "pow2":
+            label = "Central Ray pow-2 (all regions)"
+        apps = [build_central_app(args.replicas, home=home, router=prefix, **engine)]
+        lat = LatencyInjector.from_spec({"scale": args.latency_scale})
+        central = {r: lat.rtt_s(r, home) for r in args.replicas}
+    else:
+        apps = build_region_apps(args.replicas, router=router, policy=args.policy if router == "geo" else None,
+                                 **engine)
     try:
         deploy_region_apps(apps)
         _say(f"{label}: deployed in {time.monotonic() - t:.1f} s; warming up")
-        asyncio.run(_warmup(base, list(args.replicas), router == "geo", args.admin_token))
+        asyncio.run(_warmup(base, [a.route_prefix.strip("/") for a in apps], router == "geo", args.admin_token))
         _say(f"{label}: running {args.duration:.0f} s of load")
-        lr = LoadRun(base, workloads, args.duration, args.max_tokens, label)
+        lr = LoadRun(base, workloads, args.duration, args.max_tokens, label, central=central)
         asyncio.run(lr.run())
         stats = engine_stats([a.name for a in apps])
         return summarize(router, label, lr.records, lr.t0, args.duration, stats)

@@ -1,7 +1,8 @@
 """The README's main job, end to end, as a new user runs it: ``python -m ray_geolb demo`` in its own
 process, on a fresh Ray temp dir (``RAY_TMPDIR`` = a new empty folder, as on a fresh machine), with a
 few seconds of load per router. It must print the comparison table and write a non-empty PNG and
-JSON with one row per router, every request answered."""
+JSON with one row per router (the central router over every region's replicas too), every request
+answered."""
 
 import json
 import os
@@ -33,13 +34,19 @@ def test_demo_runs_on_a_fresh_machine(tmp_path):
     assert p.returncode == 0, tail
     lines = p.stdout.splitlines()
     head = next(i for i, ln in enumerate(lines) if ln.startswith("router") and "TTFT p50" in ln)
-    rows = lines[head + 2: head + 5]
+    rows = lines[head + 2: head + 6]
     assert [r.split("  ")[0].strip() for r in rows] == [
-        "GeoPrefixRouter (GeoPrefix)", "Ray default (pow-2)", "Ray PrefixCacheAffinity"], lines[head:head + 5]
+        "GeoPrefixRouter (GeoPrefix)", "Ray default (pow-2)", "Ray PrefixCacheAffinity",
+        "Central Ray prefix (all regions)"], lines[head:head + 6]
     png = out / "demo.png"
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     data = json.loads((out / "demo.json").read_text())
-    assert [r["router"] for r in data["rows"]] == ["geo", "pow2", "ray_prefix"]
+    assert [r["router"] for r in data["rows"]] == ["geo", "pow2", "ray_prefix", "central"]
     for r in data["rows"]:
         assert r["ok"] > 0 and r["errors"] == 0 and r["ttft_p50_ms"] > 0, r
+    # the central router is in us: a client in eu pays the us-eu RTT before its first token
+    from ray_geolb.serve.latency import LatencyInjector
+
+    central = data["rows"][3]
+    assert central["ttft_p50_ms_by_origin"]["eu"] >= 1000 * LatencyInjector().rtt_s("us", "eu"), central
     assert "admin_token" not in data["args"]

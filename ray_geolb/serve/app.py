@@ -319,6 +319,58 @@ def region_app(args: Dict[str, Any]):
     return next(a.app for a in apps if a.region == region)
 
 
+def build_central_app(
+    regions: Optional[Dict[str, int]] = None,
+    *,
+    home: str = "us",
+    router: str = "ray_prefix",
+    model: str = "geolb-emulated",
+    engine_profile: str = EMULATED_DEFAULTS["profile"],
+    time_scale: float = EMULATED_DEFAULTS["time_scale"],
+    output_tokens: int = EMULATED_DEFAULTS["output_tokens"],
+    engine_overrides: Optional[dict] = None,
+    latency: Any = None,
+    ingress: Optional[dict] = None,
+    stats_period_s: float = 0.5,
+    app_prefix: str = APP_PREFIX,
+) -> RegionApp:
+    """The alternative a user would consider first: **one central router over every region's replicas**.
+
+    One app at ``/central`` in region ``home``: its ingress sends every request to one model deployment
+    of ``sum(regions.values())`` emulated replicas, routed by one router (``router``: Ray's
+    prefix-aware router by default, or ``pow2``). Replica ``k`` stands for a replica in
+    ``regions``' k-th slot (us, us, eu, asia for the default), by replica rank
+    (``emulated.replica_region``), and pays the injected RTT between ``home`` and its region on every
+    request (the request's trip there and the first token's trip back: ``network`` in the engine
+    options). Clients in other regions pay their RTT to ``home`` themselves (the demo's load does).
+    """
+    regions = _check_regions({"us": 2, "eu": 1, "asia": 1} if regions is None else regions)
+    if home not in regions:
+        raise ValueError(f"home {home!r} is not in regions {sorted(regions)}")
+    if router not in ("ray_prefix", "pow2"):
+        raise ValueError(f"a central app runs Ray's routers (ray_prefix, pow2), got {router!r}")
+    lat = LatencyInjector.from_spec(latency)
+    lat.check_regions(list(regions))
+
+    engine = {"profile": engine_profile, "time_scale": time_scale, "output_tokens": output_tokens,
+              "engine_overrides": engine_overrides or {}, "network": {"caller": home, "latency": lat.to_spec()}}
+    slots = [r for r, n in regions.items() for _ in range(n)]
+    cfg = region_llm_config(_emulated_config(model, engine), home, len(slots), router=router,
+                            stats_period_s=stats_period_s, pin_to_region=False)
+    ex = dict(cfg.experimental_configs)
+    ex[REGION_OPTIONS_KEY] = {"regions": slots}  # by replica rank, not the node it landed on
+    cfg = cfg.model_copy(update={"experimental_configs": ex})
+    length = model_len(cfg)
+    ingress = {"max_model_len": length, **(ingress or {})} if length is not None else ingress
+    icfg = _ingress_config(home, {home: len(slots)}, cfg.model_id, router, None, lat, ingress, False, app_prefix)
+    from ray.serve.llm import build_llm_deployment
+
+    ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=1,
+                                ray_actor_options={"num_cpus": 0, "label_selector": {REGION_LABEL: home}})
+    return RegionApp(home, f"{app_prefix}central", "/central", ing.bind(build_llm_deployment(cfg), icfg), router,
+                     icfg)
+
+
 def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
     """Deploy every region app in one ``serve.run_many`` (peers come up together; peer handles are
     resolved lazily anyway). Returns region -> ingress handle."""

@@ -153,6 +153,18 @@ def _error(message: str, type_: str, code: int):
 _LAZY: Dict[str, Any] = {}
 
 
+def _network_delay(net: Optional[dict], llm_config) -> float:
+    """The RTT between a central router's region (``network.caller``) and this replica's region
+    (``app.build_central_app``), from the engine options' ``network``; 0 without one."""
+    if not net:
+        return 0.0
+    from ray_geolb.serve.latency import LatencyInjector
+
+    o = (llm_config.experimental_configs or {}).get(REGION_OPTIONS_KEY) or {}
+    own = replica_region(o.get("region"), o.get("regions"))
+    return LatencyInjector.from_spec(net.get("latency")).rtt_s(net["caller"], own) if own else 0.0
+
+
 def _engine_class():
     from ray.llm._internal.serve.core.engine.protocol import LLMEngine
 
@@ -164,9 +176,13 @@ def _engine_class():
             self._opts = dict((llm_config.experimental_configs or {}).get(ENGINE_OPTIONS_KEY) or {})
             self.core: Optional[EmulatedEngine] = None
             self.model_id = llm_config.model_id
+            self.network_delay_s = 0.0
 
         async def start(self):
-            self.core = EmulatedEngine(**self._opts)
+            opts = dict(self._opts)
+            net = opts.pop("network", None)
+            self.core = EmulatedEngine(**opts)
+            self.network_delay_s = _network_delay(net, self.llm_config)
 
         def routing_stats(self) -> dict:
             return {}  # as vLLM's engine: KV-event endpoints only (none here), no load
@@ -187,6 +203,8 @@ def _engine_class():
                 yield _error(str(e), "BadRequestError", 400)
                 return
             cached = self.core.cached_prefix_tokens(req)
+            if self.network_delay_s:  # a central router in another region: the request's trip + the reply's
+                await asyncio.sleep(self.network_delay_s)
             head = {"id": ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex,
                     "created": int(time.time()), "model": self.model_id, "system_fingerprint": f"geolb-{replica_id()}"}
             n = 0
@@ -287,9 +305,11 @@ def emulated_llm_config(model_id: str = "emulated-llama", num_replicas: int = 2,
                         profile: str = "llama3.1-8b-h100", time_scale: float = 0.01, output_tokens: int = 16,
                         engine_overrides: Optional[dict] = None, region: Optional[str] = None,
                         regions: Optional[List[str]] = None, deployment_config: Optional[dict] = None,
-                        server_cls: str = "EmulatedLLMServer"):
+                        server_cls: str = "EmulatedLLMServer", network: Optional[dict] = None):
     """An ``LLMConfig`` for ``EmulatedLLMServer`` (or ``server_cls="StockStatsLLMServer"``) routed by
-    ``router_class`` (GeoPrefixRouter by default; None: Ray's default power-of-two)."""
+    ``router_class`` (GeoPrefixRouter by default; None: Ray's default power-of-two). ``network``:
+    ``{"caller": region, "latency": LatencyInjector spec}`` -- the replica pays the RTT between the
+    caller's region and its own on every request (a central router; ``app.build_central_app``)."""
     classes = _build_llm_classes()
     from ray.serve.llm import LLMConfig
 
@@ -308,6 +328,8 @@ def emulated_llm_config(model_id: str = "emulated-llama", num_replicas: int = 2,
     dc.update(deployment_config or {})
     engine = {"profile": profile, "time_scale": time_scale, "output_tokens": output_tokens,
               "engine_overrides": engine_overrides or {}}
+    if network:
+        engine["network"] = dict(network)
     return LLMConfig(model_loading_config={"model_id": model_id}, server_cls=classes[server_cls],
                      accelerator_type=None, log_engine_metrics=False, deployment_config=dc,
                      experimental_configs={ENGINE_OPTIONS_KEY: engine,

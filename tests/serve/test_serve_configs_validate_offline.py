@@ -107,3 +107,32 @@ def test_one_region_config_is_ray_serve_llms_own_app_with_geoprefix():
     assert import_attr(raw["server_cls"]) is GeoVLLMServer
     app = import_attr(spec["import_path"])(spec["args"])
     assert app is not None
+
+
+def test_the_central_router_app_spans_every_region_from_one():
+    """The demo's central row: one app at /central in us, one model deployment of every region's
+    replicas (not pinned: each stands for its region by rank and pays the RTT from us to it), routed
+    by Ray's prefix-aware router, behind an ingress that never forwards."""
+    from ray_geolb.serve.app import build_central_app, ray_prefix_router_class
+    from ray_geolb.serve.emulated import REGION_OPTIONS_KEY
+    from ray_geolb.serve.llm_server import ENGINE_OPTIONS_KEY
+
+    app = build_central_app({"us": 2, "eu": 1, "asia": 1}, home="us", latency={"scale": 0.5})
+    assert (app.route_prefix, app.region, app.name) == ("/central", "us", "geolb-central")
+    model = model_deployment(app.app)
+    assert model._deployment_config.num_replicas == 4
+    assert "label_selector" not in model._replica_config.ray_actor_options
+    llm = model.init_kwargs["llm_config"]
+    assert llm.experimental_configs[REGION_OPTIONS_KEY] == {"regions": ["us", "us", "eu", "asia"]}
+    net = llm.experimental_configs[ENGINE_OPTIONS_KEY]["network"]
+    assert net["caller"] == "us" and net["latency"]["scale"] == 0.5
+    cls = model._deployment_config.request_router_config.request_router_class
+    expected = ray_prefix_router_class()
+    if expected is not None:
+        assert import_attr(cls) is import_attr(expected) if isinstance(expected, str) else expected
+    assert app.config["peers"] == {} and app.config["local_availability"] == "always"
+    assert app.config["registry"] is None
+    with pytest.raises(ValueError, match="home 'mars'"):
+        build_central_app({"us": 1}, home="mars")
+    with pytest.raises(ValueError, match="Ray's routers"):
+        build_central_app({"us": 1}, router="geo")
