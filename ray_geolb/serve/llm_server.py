@@ -73,14 +73,20 @@ def guard_broken_torch_extras() -> List[str]:
     return blocked
 
 
+_PROTOCOL = None
+
+
 def llm_protocol():
     """Ray Serve LLM's OpenAI protocol classes (``ChatCompletionRequest``, ``CompletionRequest``,
-    ``ChatCompletionResponse``, ``CompletionResponse``, ``ErrorResponse``), imported on first use."""
-    guard_broken_torch_extras()
-    with logging_handlers_kept():
-        from ray.llm._internal.serve.core.configs import openai_api_models as m
-
-    return m
+    ``ChatCompletionResponse``, ``CompletionResponse``, ``ErrorResponse``), imported on first use
+    (the ingress asks for them on every request: after the first call this is one global read)."""
+    global _PROTOCOL
+    if _PROTOCOL is None:
+        guard_broken_torch_extras()
+        with logging_handlers_kept():
+            from ray.llm._internal.serve.core.configs import openai_api_models as m
+        _PROTOCOL = m
+    return _PROTOCOL
 
 
 @contextlib.contextmanager

@@ -91,6 +91,7 @@ class RequestBook:
         self._task_iid: Dict[Any, str] = {}
         self.inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest, routed at)
         self.decisions: "OrderedDict[str, dict]" = OrderedDict()
+        self._reconciled: "OrderedDict[str, None]" = OrderedDict()  # ids released by reconcile, recent ones
         self._decision_log_size = int(decision_log_size)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -249,6 +250,9 @@ class RequestBook:
         if x is not None:
             target, req, _ = x
             self.policy.on_complete(iid, target, policy_now(), req=req)
+        elif self._reconciled.pop(iid, 0) is None:
+            # released on an idle report before its completion arrived: the completion was late, not lost
+            self.counters["reconciled_then_completed"] = self.counters.get("reconciled_then_completed", 0) + 1
         else:
             # Never accepted: the replica rejected it (Ray routes it again and choose_replicas makes a
             # new entry), or the caller went away after the replica was chosen and before it answered
@@ -273,6 +277,9 @@ class RequestBook:
         for iid in gone:
             _t, req, _at = self.inflight.pop(iid)
             self.policy.on_complete(iid, uid, idle_at, req=req)
+            self._reconciled[iid] = None
+            while len(self._reconciled) > self._decision_log_size:
+                self._reconciled.popitem(last=False)
         if gone:
             self.counters["reconciled"] = self.counters.get("reconciled", 0) + len(gone)
         return len(gone)
