@@ -220,19 +220,27 @@ def _default_policy():
 def _one_app(region: str, regions: Dict[str, int], llm_config: Any, *, router: str, policy: Any, lat, ingress,
              registry, router_kwargs, pin_to_region: bool, stats_period_s: float, ingress_replicas: int,
              app_prefix: str) -> RegionApp:
-    from ray.serve.llm import build_llm_deployment
-
     cfg = region_llm_config(llm_config, region, regions[region], router=router, policy=policy,
                             router_kwargs=router_kwargs, stats_period_s=stats_period_s, pin_to_region=pin_to_region)
+    return _bind_app(region, regions, cfg, f"{app_prefix}{region}", f"/{region}", router=router, policy=policy,
+                     lat=lat, ingress=ingress, registry=registry, app_prefix=app_prefix,
+                     ingress_replicas=ingress_replicas, pin_ingress=pin_to_region)
+
+
+def _bind_app(region: str, regions: Dict[str, int], cfg: Any, name: str, route_prefix: str, *, router: str,
+              policy: Any, lat, ingress, registry, app_prefix: str, ingress_replicas: int,
+              pin_ingress: bool) -> RegionApp:
+    """A region ingress in ``region`` bound in front of the model deployment of LLMConfig ``cfg``."""
+    from ray.serve.llm import build_llm_deployment
+
     length = model_len(cfg)
     ingress = {"max_model_len": length, **(ingress or {})} if length is not None else ingress
     icfg = _ingress_config(region, regions, cfg.model_id, router, policy, lat, ingress, registry, app_prefix)
     actor_opts: Dict[str, Any] = {"num_cpus": 0}
-    if pin_to_region:
+    if pin_ingress:
         actor_opts["label_selector"] = {REGION_LABEL: region}
     ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=ingress_replicas, ray_actor_options=actor_opts)
-    name = f"{app_prefix}{region}"
-    return RegionApp(region, name, f"/{region}", ing.bind(build_llm_deployment(cfg), icfg), router, icfg)
+    return RegionApp(region, name, route_prefix, ing.bind(build_llm_deployment(cfg), icfg), router, icfg)
 
 
 def build_region_apps(
@@ -360,15 +368,9 @@ def build_central_app(
     ex = dict(cfg.experimental_configs)
     ex[REGION_OPTIONS_KEY] = {"regions": slots}  # by replica rank, not the node it landed on
     cfg = cfg.model_copy(update={"experimental_configs": ex})
-    length = model_len(cfg)
-    ingress = {"max_model_len": length, **(ingress or {})} if length is not None else ingress
-    icfg = _ingress_config(home, {home: len(slots)}, cfg.model_id, router, None, lat, ingress, False, app_prefix)
-    from ray.serve.llm import build_llm_deployment
-
-    ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=1,
-                                ray_actor_options={"num_cpus": 0, "label_selector": {REGION_LABEL: home}})
-    return RegionApp(home, f"{app_prefix}central", "/central", ing.bind(build_llm_deployment(cfg), icfg), router,
-                     icfg)
+    return _bind_app(home, {home: len(slots)}, cfg, f"{app_prefix}central", "/central", router=router, policy=None,
+                     lat=lat, ingress=ingress, registry=False, app_prefix=app_prefix, ingress_replicas=1,
+                     pin_ingress=True)
 
 
 def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
