@@ -62,6 +62,16 @@ What is simulated
   ``depends_on``, independent calls - ToT siblings - are sent concurrently; think time between
   programs) or open loop (program arrivals at given times, lazily consumed).
 
+Starting a run
+--------------
+The first request is sent at time 0. Before it, from ``-SimConfig.warmup_s`` (5 s by default), the
+control plane already runs on idle engines: replica reports, heartbeats through the registry (peer
+tables) and RTT probes -- as in a Serve deployment, whose ingresses heartbeat from the moment they
+start, long before their traffic. (Until issue 13 every run started cold: peers unknown, RTTs
+unmeasured, no replica report at time 0, which only the per-region LBs depend on -- the central LBs
+count their own dispatches -- so closed-loop workloads, whose clients all send at time 0, put their
+first burst on per-region LBs that knew nothing. ``warmup_s=0`` is that cold start.)
+
 Ending a run
 ------------
 No new program starts at or after ``duration_s`` (nor after ``max_programs`` programs). With
@@ -192,6 +202,9 @@ class SimConfig:
     sample_period_s: float = 0.5
     chars_per_token: float = 4.0
     keep_requests: bool = True  # keep per-request records (needed by metrics; the big bench turns it off)
+    #: the control plane runs this long before the first request (from ``-warmup_s`` to 0): replica
+    #: reports, heartbeats and RTT probes, on idle engines -- a deployment is up before its traffic
+    warmup_s: float = 5.0
 
     def __post_init__(self):
         if not self.duration_s > 0:
@@ -200,6 +213,8 @@ class SimConfig:
             raise ValueError(f"max_programs must be >= 1, got {self.max_programs!r}")
         if not self.sample_period_s > 0:
             raise ValueError(f"sample_period_s must be > 0, got {self.sample_period_s!r}")
+        if not (isinstance(self.warmup_s, (int, float)) and 0 <= self.warmup_s < float("inf")):
+            raise ValueError(f"warmup_s must be a finite number >= 0, got {self.warmup_s!r}")
 
 
 class _Replica:
@@ -462,14 +477,15 @@ class Simulator:
         cfg = self.cfg
         dep = self.dep
         rng = self.rng
-        # periodic events, random initial phases
+        # periodic events, random initial phases, from -warmup_s on (the control plane is warm at 0)
+        t0 = self.now = -float(cfg.warmup_s)
         for rep in self.replicas.values():
-            self._push(rng.random() * dep.stats_period_s, _STATS_MEASURE, rep)
+            self._push(t0 + rng.random() * dep.stats_period_s, _STATS_MEASURE, rep)
         if self._forwarding:
             st = self.settings
             for lb in self.lbs.values():
-                self._push(rng.random() * st.heartbeat_period_s, _HEARTBEAT, lb)
-                self._push(rng.random() * st.rtt_probe_period_s, _RTT_PROBE, lb, 0)
+                self._push(t0 + rng.random() * st.heartbeat_period_s, _HEARTBEAT, lb)
+                self._push(t0 + rng.random() * st.rtt_probe_period_s, _RTT_PROBE, lb, 0)
         self._push(cfg.sample_period_s, _SAMPLE)
         wl = self.workload
         if wl.closed is not None:
