@@ -67,13 +67,21 @@ class CostSelectorConfig(_Strict):
     summary_max_keys: int = Field(2048, ge=1, le=16384, description="block keys a published summary holds at most")
     summary_bits_per_key: int = Field(10, ge=4, le=32, description="Bloom filter bits per key (10: 7 hashes, "
                                                                    "<= 0.82 % false positives at full load)")
+    home_key_chars: Optional[int] = Field(
+        None, ge=1, description="a long prompt (at least this many bytes of canonical text) that no region is known "
+                                "to hold -- no local match, no peer match -- has a home region: the highest "
+                                "rendezvous hash of its prefix key at this depth over this region and the "
+                                "available peers, the same in every region without any message; a home peer is "
+                                "priced as if it held the prompt and needs no margin, so a new shared context that "
+                                "arrives in several regions at once is prefilled once (None: off)")
     ttft: TtftModelConfig = TtftModelConfig()
 
 
 GORGO_COST = {"remote_queue": False}
 GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
                   "w_shared": 1.0, "stay_slot_wait": True, "forwards_cap_peers": False,
-                  "forward_before_saturation": True, "forward_margin_s": 1.0, "peer_summary": True}
+                  "forward_before_saturation": True, "forward_margin_s": 1.0, "peer_summary": True,
+                  "home_key_chars": 8000}
 
 
 class RegionLayerSettings(_Strict):

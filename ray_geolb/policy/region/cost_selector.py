@@ -67,6 +67,18 @@ the same stay and peer prices, a forward only when it saves more than ``forward_
 already forwarded to keeps being chosen while it saves more than ``forward_hysteresis`` × the margin),
 ties local, the hop limit, residency and the registry's availability as on the saturated path.
 
+**One home for a new long prompt** (``home_key_chars``, GeoPrefix: 8,000 bytes, ~2,000 tokens): a peer's
+prefix summary travels with its heartbeat, so when a new shared context (a RAG document, an agent's
+context) reaches several regions within a heartbeat or two, each would prefill it, and a central LB would
+not. A prompt at least ``home_key_chars`` long that no region is known to hold to that depth (no local
+match, no peer match by snapshot or summary) therefore has a *home*: of this region and its known peers
+(those the request may go to), the one with the highest rendezvous hash of the prompt's prefix key at that
+depth -- the same answer in every region, with no message. A home peer is priced as if it held the
+prompt, and a forward there needs no margin (the saving is the other regions' recompute, not this
+request's); staying is still chosen when the home costs more. A home that is not available (no free
+replica, queue beyond tau) is not replaced by another: the request is then decided as any other. Measured
+in ``benchmarks/RESULTS.md`` section 10.
+
 **Forwards counted once** (``forwards_cap_peers``): ``RegionRouter.note_forward`` counts each forward in
 the peer's queue until its next heartbeat, which caps a peer at tau + 1 forwards per peer table. This
 selector already prices those forwards (``Q_fwd`` and the in-flight count), so ``GEOPREFIX_COST`` sets
@@ -77,6 +89,8 @@ selector already prices those forwards (``Q_fwd`` and the in-flight count), so `
 from __future__ import annotations
 
 import math
+import zlib
+from bisect import bisect_left
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
@@ -110,6 +124,7 @@ class CostSelector(PeerSelector):
         self.last_slot_wait_s = 0.0  # the slot-wait term (before q̂) of the last stay cost
         self._engaged: set = set()  # peers forwarded to before saturation (forward_before_saturation's hysteresis)
         self.presaturation_forwards = 0
+        self.last_home: Optional[str] = None  # the home peer of the last priced request (home_key_chars)
 
     # ------------------------------------------------------------ inputs
     def on_forward(self, req, region: str, now: float) -> None:
@@ -242,6 +257,13 @@ class CostSelector(PeerSelector):
                                cfg.match_half_life_s, snap, prep, now)
         if cfg.peer_summary:
             self._summary_hits(router, req, peers, prep, raw, hits)
+        self.last_home = None
+        if cfg.home_key_chars is not None:
+            home = self._home(router, req, peers, prep, hits, now)
+            if home is not None and home != router.region:
+                self.last_home = home
+                raw[home] = prep.length
+                hits[home] = float(req.prompt_tokens)
         costs = {}
         rtts = self.last_rtts = {}
         for r in peers:
@@ -255,6 +277,36 @@ class CostSelector(PeerSelector):
                 c += cfg.w_shared * residual * self.peer_inflight(router, r)
             costs[r] = c
         return costs, raw, hits
+
+    def _home(self, router, req, peers: List[str], prep, hits: dict, now: float) -> Optional[str]:
+        """The home region of a long prompt no region is known to hold to the key's depth
+        (``home_key_chars``), else None."""
+        cfg = self.config
+        depth = cfg.home_key_chars
+        known = depth / cfg.chars_per_token  # a match this long holds the key: the prompt is not new
+        if prep.length < depth or any(v >= known for v in hits.values()):
+            return None
+        if self.local_hit(router, req, now) >= known:
+            return None
+        i = bisect_left(prep.ends, depth)
+        if i >= len(prep.keys):
+            return None
+        key = prep.keys[i]
+        allowed = req.allowed_regions
+        regions = [r for r in router.peers if allowed is None or r in allowed] + [router.region]
+        home = max(regions, key=lambda r: zlib.crc32(f"{key}:{r}".encode()))
+        return home if home == router.region or home in peers else None
+
+    def local_hit(self, router, req, now: float) -> float:
+        """The best local match of ``req`` in tokens (min length and age rules applied), 0 without an index."""
+        cfg = self.config
+        index = router.local.index
+        if index is None:
+            return 0.0
+        p = req.prepared_for(index)
+        hits = discounted_hits(index.match(p, router.local.targets), req.prompt_tokens, cfg.chars_per_token,
+                               cfg.min_match_chars, cfg.match_half_life_s, index, p, now)
+        return max(hits.values(), default=0.0)
 
     def _summary_hits(self, router, req, peers: List[str], prep, raw: dict, hits: dict) -> None:
         """Raise each peer's match to what its heartbeat's prefix summary says its replicas hold
@@ -317,7 +369,7 @@ class CostSelector(PeerSelector):
                 engaged.discard(r)
         self.last_costs = dict(costs)
         self.last_costs[None] = stay
-        if saving > 0 and (saving > cfg.forward_margin_s or best in engaged):
+        if saving > 0 and (saving > cfg.forward_margin_s or best in engaged or best == self.last_home):
             engaged.add(best)
             self.presaturation_forwards += 1
             return best, raw.get(best, 0) if best in hits else 0, "cost_before_saturation"

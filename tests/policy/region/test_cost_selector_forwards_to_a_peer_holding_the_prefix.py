@@ -30,6 +30,11 @@ def _us(cost=GEOPREFIX_COST, policy="geoprefix"):
     return region("us", policy=policy, remote="cost", cost=cost)
 
 
+# the home rule (a new long prompt goes to one region chosen by hash, test_new_long_prompt_has_one_home_region.py)
+# left out, so that what decides below is the summary alone
+NO_HOME = dict(GEOPREFIX_COST, home_key_chars=None)
+
+
 def test_forwards_to_the_peer_that_holds_a_long_prefix_before_saturation():
     r = _us()
     r.update_peer(_peer_holding(DOC + " question one"))
@@ -46,11 +51,11 @@ def test_forwards_to_the_peer_that_holds_a_long_prefix_before_saturation():
 def test_stays_without_a_summary_or_a_match_or_when_forwarding_costs_more():
     doc_peer = _peer_holding(DOC + " question one")
     # no summary in the heartbeat: the snapshot knows nothing of eu, so staying wins (ties stay local)
-    r = _us()
+    r = _us(NO_HOME)
     r.update_peer(PeerState("eu", 2, 0, 1.0, rtt_s=0.15, extra=doc_peer.extra))
     assert r.decide(rq(0, DOC + " question two"), 1.0).kind == "local"
     # a summary that does not hold this request's prefix
-    r = _us()
+    r = _us(NO_HOME)
     r.update_peer(doc_peer)
     assert r.decide(rq(1, "z" * len(DOC)), 1.0).kind == "local"
     # a short shared prefix saves less than the margin
@@ -67,7 +72,7 @@ def test_stays_without_a_summary_or_a_match_or_when_forwarding_costs_more():
     assert r.selector.last_costs["eu"] > r.selector.last_costs[None] - 1.0
 
 
-@pytest.mark.parametrize("cost", [GORGO_COST, dict(GEOPREFIX_COST, peer_summary=False)])
+@pytest.mark.parametrize("cost", [GORGO_COST, dict(NO_HOME, peer_summary=False)])
 def test_systems_without_peer_summary_ignore_it(cost):
     peer = _peer_holding(DOC + " question one")
     r = _us(cost=dict(cost, forward_before_saturation=True, forward_margin_s=1.0))
