@@ -69,11 +69,11 @@ class CostSelectorConfig(_Strict):
                                                                    "<= 0.82 % false positives at full load)")
     home_key_chars: Optional[int] = Field(
         None, ge=1, description="a long prompt (at least this many bytes of canonical text) that no region is known "
-                                "to hold -- no local match, no peer match -- has a home region: the highest "
-                                "rendezvous hash of its prefix key at this depth over this region and the "
-                                "available peers, the same in every region without any message; a home peer is "
-                                "priced as if it held the prompt and needs no margin, so a new shared context that "
-                                "arrives in several regions at once is prefilled once (None: off)")
+                                "to hold to that depth, and of which this region knows no more than every peer, "
+                                "has a home region: the highest rendezvous hash of its prefix key at this depth "
+                                "over this region and its peers, the same in every region without any message; a "
+                                "home peer is priced as if it held the prompt and needs no margin, so a new shared "
+                                "context that arrives in several regions at once is prefilled once (None: off)")
     ttft: TtftModelConfig = TtftModelConfig()
 
 

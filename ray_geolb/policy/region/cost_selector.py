@@ -70,8 +70,11 @@ ties local, the hop limit, residency and the registry's availability as on the s
 **One home for a new long prompt** (``home_key_chars``, GeoPrefix: 8,000 bytes, ~2,000 tokens): a peer's
 prefix summary travels with its heartbeat, so when a new shared context (a RAG document, an agent's
 context) reaches several regions within a heartbeat or two, each would prefill it, and a central LB would
-not. A prompt at least ``home_key_chars`` long that no region is known to hold to that depth (no local
-match, no peer match by snapshot or summary) therefore has a *home*: of this region and its known peers
+not. A prompt at least ``home_key_chars`` long that no region is known to hold to that depth (by this
+region's index, a peer's snapshot match or its summary), and of which this region knows no more than
+every peer does (what is known is a preamble all regions were sent, such as a system prompt; a longer
+local match is this region's own earlier traffic, a conversation's history, and decides as usual),
+therefore has a *home*: of this region and its known peers
 (those the request may go to), the one with the highest rendezvous hash of the prompt's prefix key at that
 depth -- the same answer in every region, with no message. A home peer is priced as if it held the
 prompt, and a forward there needs no margin (the saving is the other regions' recompute, not this
@@ -286,7 +289,13 @@ class CostSelector(PeerSelector):
         known = depth / cfg.chars_per_token  # a match this long holds the key: the prompt is not new
         if prep.length < depth or any(v >= known for v in hits.values()):
             return None
-        if self.local_hit(router, req, now) >= known:
+        local = self.local_hit(router, req, now)
+        if local >= known:
+            return None
+        # this region must know no more of the prompt than every peer does: what is known is then a
+        # preamble every region was sent (a shared system prompt), and the long rest is new. A longer
+        # local match is this region's own earlier traffic (a conversation's history): it decides.
+        if peers and local > 1.25 * min(hits.get(p, 0.0) for p in peers) + cfg.min_match_chars / cfg.chars_per_token:
             return None
         i = bisect_left(prep.ends, depth)
         if i >= len(prep.keys):

@@ -89,3 +89,31 @@ def test_no_home_forward_where_the_home_cannot_take_it(case):
     d = r.decide(req, 1.0)
     assert d.kind == "local" or d.target != "eu"
     assert r.selector.last_home != "eu"
+
+
+def _summary_of(name, text):
+    """The prefix summary region ``name`` publishes after sending ``text`` to one of its replicas."""
+    peer = region(name, remote="cost", cost=GEOPREFIX_COST, targets=(f"{name}-0", f"{name}-1"))
+    peer.on_dispatch(rq(97, text), f"{name}-0", 0.5)
+    return peer.heartbeat(0, 0.5, queued_tokens=0.0).prefix_summary
+
+
+def test_a_conversation_follows_its_history_a_shared_preamble_does_not_stop_the_home():
+    preamble = "You are a helpful assistant for the documents below. " * 20  # ~1,000 bytes
+    text = next(preamble + _doc(i) for i in range(50) if _where("us", preamble + _doc(i), i) == "eu")
+    # a conversation: this region served its earlier turn (the preamble), no peer holds it -> no home
+    r = _router("us")
+    r.local.on_dispatch(rq(96, preamble), "us-0", 0.5)
+    r.local.on_complete("r96", "us-0", 0.6)
+    d = r.decide(rq(0, text), 1.0)
+    assert d.kind == "local" and r.selector.last_home is None
+    # the same preamble is known in every region (a shared system prompt): the long rest is new -> home
+    r = _router("us")
+    r.local.on_dispatch(rq(96, preamble), "us-0", 0.5)
+    r.local.on_complete("r96", "us-0", 0.6)
+    for name in ("eu", "asia"):
+        p = r.peers[name]
+        p.prefix_summary = _summary_of(name, preamble)
+        r.update_peer(p)
+    d = r.decide(rq(1, text), 1.0)
+    assert r.selector.last_home == "eu" and d.kind == "forward" and d.target == "eu"
