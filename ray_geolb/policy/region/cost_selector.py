@@ -195,13 +195,7 @@ class CostSelector(PeerSelector):
         if n == 0:
             return None
         tp = self.local_t_p(router)
-        hit = 0.0
-        index = local.index
-        if index is not None:
-            p = req.prepared_for(index)
-            hits = discounted_hits(index.match(p, local.targets), req.prompt_tokens, cfg.chars_per_token,
-                                   cfg.min_match_chars, cfg.match_half_life_s, index, p, now)
-            hit = max(hits.values(), default=0.0)
+        hit = self.local_hit(router, req, now)
         wait = tp * self.local_queue_tokens(router, req) / n
         residual = tp * max(0.0, req.prompt_tokens - hit)
         c = cfg.w_prefill * residual + cfg.q_hat * wait
