@@ -74,9 +74,9 @@ not. A prompt at least ``home_key_chars`` long that no region is known to hold t
 region's index, a peer's snapshot match or its summary), and of which this region knows no more than
 every peer does (what is known is a preamble all regions were sent, such as a system prompt; a longer
 local match is this region's own earlier traffic, a conversation's history, and decides as usual),
-therefore has a *home*: of this region and its known peers
-(those the request may go to), the one with the highest rendezvous hash of the prompt's prefix key at that
-depth -- the same answer in every region, with no message. A home peer is priced as if it held the
+therefore has a *home*: of this region and its known peers (those the request may go to), the one with
+the highest rendezvous hash of the prompt's prefix key at that depth -- the same answer in every region,
+with no message. A home peer is priced as if it held the
 prompt, and a forward there needs no margin (the saving is the other regions' recompute, not this
 request's); staying is still chosen when the home costs more. A home that is not available (no free
 replica, queue beyond tau) is not replaced by another: the request is then decided as any other. Measured
