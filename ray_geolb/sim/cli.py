@@ -56,6 +56,9 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                     help="simulated seconds per run (default 120; scenarios have their own)")
     sp.add_argument("--max-programs", type=int, default=None, help="stop starting programs after this many")
     sp.add_argument("--drain", action="store_true", help="finish requests in flight at the end instead of cutting off")
+    sp.add_argument("--warmup", type=float, default=None,
+                    help="seconds the control plane (replica reports, heartbeats, RTT probes) runs before the first "
+                         "request (default 5: SimConfig.warmup_s; 0 = a cold start)")
     sp.add_argument("--scale", type=float, default=None,
                     help="scenario size factor (clients and replicas); 1 = paper size")
     sp.add_argument("--profile", default=None, help="engine profile (default: the scenario's; SkyLB's Fig. 8/9/10 "
@@ -161,6 +164,8 @@ def _check_numbers(args, parser) -> None:
             parser.error(f"{flag} must be > 0, got {v}")
     if args.stats_lag is not None and args.stats_lag < 0:
         parser.error(f"--stats-lag must be >= 0, got {args.stats_lag}")
+    if args.warmup is not None and not 0 <= args.warmup < float("inf"):
+        parser.error(f"--warmup must be a finite number >= 0, got {args.warmup}")
     if args.data_dir is not None and not os.path.isdir(args.data_dir):
         parser.error(f"--data-dir {args.data_dir!r} is not a directory")
 
@@ -194,6 +199,8 @@ def _scenario_runs(args, parser, seeds: List[int], deploy_over: dict) -> List[di
                 r["sim"]["max_programs"] = args.max_programs
             if args.drain:
                 r["sim"]["drain"] = True
+            if args.warmup is not None:
+                r["sim"]["warmup_s"] = args.warmup
             if len(seeds) > 1:
                 r["label"] = f"seed{seed}/{r['label']}"
         runs.extend(rs)
@@ -276,7 +283,8 @@ def _workload_runs(args, parser, seeds: List[int], deploy_over: dict) -> List[di
             runs.append({"label": (f"seed{seed}/{s}" if len(seeds) > 1 else s), "group": wname, "system": s,
                          "replicas": replicas, "workload": wspec,
                          "sim": {"duration_s": duration, "seed": seed, "max_programs": args.max_programs,
-                                 "drain": bool(args.drain)},
+                                 "drain": bool(args.drain),
+                                 **({} if args.warmup is None else {"warmup_s": args.warmup})},
                          "deploy": dict(deploy_over), "scenario": "simulate"})
     return runs
 

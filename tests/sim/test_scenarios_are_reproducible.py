@@ -112,6 +112,7 @@ def test_cli_writes_json_table_and_png(tmp_path, capsys):
     (["--region-layer", "max_queue=-1"], "max_queue"),
     (["--region-layer", "max_queue.x=1"], "is not a dict field"),
     (["--region-layer", "peer_selectors.geoprefix.cost.bogus=1"], "bogus"),
+    (["--warmup", "-1"], "--warmup must be"),
 ])
 def test_cli_bad_arguments_are_argparse_errors(argv, msg, capsys):
     args = _parse(argv + ["--no-progress"])
@@ -132,6 +133,20 @@ def test_cli_changes_the_region_layer_of_every_run():
                                                         "heartbeat_period_s": 0.5} for r in runs)
     layer = run_one(runs[0])["deployment"]["region_layer"]
     assert (layer["note_forwards"], layer["max_queue"], layer["heartbeat_period_s"]) == (False, 64, 0.5)
+
+
+@pytest.mark.parametrize("extra", [["--scenario", "network-hard", "--systems", "geoprefix"], ["--policy", "skylb"]])
+def test_cli_warmup_reaches_every_run(extra):
+    from ray_geolb.sim.cli import _build_runs
+    from ray_geolb.sim.scenarios import run_one
+
+    args = _parse(extra + ["--duration", "5", "--no-progress", "--warmup", "0"])
+    runs = _build_runs(args, args._simulate_parser)
+    assert runs and all(r["sim"]["warmup_s"] == 0 for r in runs)
+    # cold: no heartbeat before time 0, so fewer than with the default 5 s of warm-up
+    cold = run_one(runs[0])["counters"]["heartbeats"]
+    del runs[0]["sim"]["warmup_s"]
+    assert run_one(runs[0])["counters"]["heartbeats"] > cold
 
 
 def test_cli_region_layer_takes_a_dotted_path_into_a_selector():
