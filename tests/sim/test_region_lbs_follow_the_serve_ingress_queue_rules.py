@@ -99,14 +99,14 @@ def test_the_slot_wait_prices_the_requests_ahead():
     sel = sim.lbs["us"].router.selector
     assert sel.config.stay_slot_wait and res.counters["lb_holds"] > 0
     waits = []
-    orig = sel.local_cost
+    orig = sel._stay_cost  # what every decision prices staying with (local_cost is it plus the match)
 
-    def spy(router, req, now, shared=True):
-        c = orig(router, req, now, shared)
+    def spy(router, req, now, shared, hit):
+        c = orig(router, req, now, shared, hit)
         waits.append((router.queue_len, sel.last_slot_wait_s))
         return c
 
-    sel.local_cost = spy
+    sel._stay_cost = spy
     # decide a newcomer at US as the simulator does, with a queue of k ahead, at the run's end state
     lb = sim.lbs["us"]
     rate = sel.drain.rate(sim.now)

@@ -186,16 +186,22 @@ class CostSelector(PeerSelector):
         """Estimated TTFT of holding the request here; None if staying is not an option. ``shared=False``
         leaves the in-flight term out (when the peers' heartbeats carry no in-flight count, so that
         both sides of the comparison are priced alike)."""
-        cfg = self.config
-        allowed = req.allowed_regions
-        if allowed is not None and router.region not in allowed:
+        if not self._may_stay(router, req):
             return None
+        return self._stay_cost(router, req, now, shared, self.local_hit(router, req, now))
+
+    @staticmethod
+    def _may_stay(router, req) -> bool:
+        allowed = req.allowed_regions
+        return (allowed is None or router.region in allowed) and len(router.local.targets) > 0
+
+    def _stay_cost(self, router, req, now: float, shared: bool, hit: float) -> float:
+        """:meth:`local_cost` once staying is allowed, at the local match ``hit`` (tokens) the caller
+        computed (one index match per decision: the home rule reads it too)."""
+        cfg = self.config
         local = router.local
         n = len(local.targets)
-        if n == 0:
-            return None
         tp = self.local_t_p(router)
-        hit = self.local_hit(router, req, now)
         wait = tp * self.local_queue_tokens(router, req) / n
         residual = tp * max(0.0, req.prompt_tokens - hit)
         c = cfg.w_prefill * residual + cfg.q_hat * wait
@@ -245,7 +251,9 @@ class CostSelector(PeerSelector):
         reps = ex.get("replicas")
         return n / (reps if isinstance(reps, int) and reps > 0 else max(1, p.available_replicas))
 
-    def peer_costs(self, router, req, peers: List[str], now: float):
+    def peer_costs(self, router, req, peers: List[str], now: float, local_hit: Optional[float] = None):
+        """(peer -> cost, raw matches, discounted matches). ``local_hit``: this region's best match in
+        tokens if the caller has it (the home rule needs it; computed here otherwise)."""
         cfg = self.config
         snap = router.snapshot
         prep = req.prepared_for(snap)
@@ -256,7 +264,7 @@ class CostSelector(PeerSelector):
             self._summary_hits(router, req, peers, prep, raw, hits)
         self.last_home = None
         if cfg.home_key_chars is not None:
-            home = self._home(router, req, peers, prep, hits, now)
+            home = self._home(router, req, peers, prep, hits, now, local_hit)
             if home is not None and home != router.region:
                 self.last_home = home
                 raw[home] = prep.length
@@ -275,7 +283,8 @@ class CostSelector(PeerSelector):
             costs[r] = c
         return costs, raw, hits
 
-    def _home(self, router, req, peers: List[str], prep, hits: dict, now: float) -> Optional[str]:
+    def _home(self, router, req, peers: List[str], prep, hits: dict, now: float,
+              local: Optional[float] = None) -> Optional[str]:
         """The home region of a long prompt no region is known to hold to the key's depth
         (``home_key_chars``), else None."""
         cfg = self.config
@@ -283,7 +292,8 @@ class CostSelector(PeerSelector):
         known = depth / cfg.chars_per_token  # a match this long holds the key: the prompt is not new
         if prep.length < depth or any(v >= known for v in hits.values()):
             return None
-        local = self.local_hit(router, req, now)
+        if local is None:
+            local = self.local_hit(router, req, now)
         if local >= known:
             return None
         # this region must know no more of the prompt than every peer does: what is known is then a
@@ -333,10 +343,11 @@ class CostSelector(PeerSelector):
     # ------------------------------------------------------------ decision
     def select(self, router, req, peers: List[str], now: float) -> Selection:
         """(region, matched chars, reason), or (None, 0, reason) to hold the request here."""
-        costs, raw, hits = self.peer_costs(router, req, peers, now)
+        hit = self.local_hit(router, req, now) if self.config.stay_local and self._may_stay(router, req) else None
+        costs, raw, hits = self.peer_costs(router, req, peers, now, hit)
         best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))
         shared = all(isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers)
-        stay = self.local_cost(router, req, now, shared) if self.config.stay_local else None
+        stay = self._stay_cost(router, req, now, shared, hit) if hit is not None else None
         self.last_costs = dict(costs)
         self.last_costs[None] = stay if stay is not None else math.inf
         if stay is not None and stay <= costs[best]:
@@ -345,11 +356,12 @@ class CostSelector(PeerSelector):
 
     def costs_before_saturation(self, router, req, peers: List[str], now: float):
         """(stay cost or None, peer -> cost, raw matches, discounted matches); no state changes."""
-        stay = self.local_cost(router, req, now, all(
-            isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers))
-        if stay is None:
+        if not self._may_stay(router, req):
             return None, {}, {}, {}
-        costs, raw, hits = self.peer_costs(router, req, peers, now)
+        hit = self.local_hit(router, req, now)
+        stay = self._stay_cost(router, req, now, all(
+            isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers), hit)
+        costs, raw, hits = self.peer_costs(router, req, peers, now, hit)
         return stay, costs, raw, hits
 
     def select_before_saturation(self, router, req, peers: List[str], now: float) -> Selection:
