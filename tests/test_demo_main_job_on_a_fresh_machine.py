@@ -44,9 +44,13 @@ def test_demo_runs_on_a_fresh_machine(tmp_path):
     assert [r["router"] for r in data["rows"]] == ["geo", "pow2", "ray_prefix", "central"]
     for r in data["rows"]:
         assert r["ok"] > 0 and r["errors"] == 0 and r["ttft_p50_ms"] > 0, r
-    # the central router is in us: a client in eu pays the us-eu RTT before its first token
+    # the central router is in us: a client outside us pays its RTT to us before its first token (the
+    # demo has one client in eu and one in asia; in a short run one of them may finish no request)
     from ray_geolb.serve.latency import LatencyInjector
 
     central = data["rows"][3]
-    assert central["ttft_p50_ms_by_origin"]["eu"] >= 1000 * LatencyInjector().rtt_s("us", "eu"), central
+    outside = {o: ms for o, ms in central["ttft_p50_ms_by_origin"].items() if o != "us"}
+    assert outside, central
+    for origin, ms in outside.items():
+        assert ms >= 1000 * LatencyInjector().rtt_s("us", origin), (origin, central)
     assert "admin_token" not in data["args"]
