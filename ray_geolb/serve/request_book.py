@@ -8,7 +8,8 @@ completion (one owner for all of it, so every path that ends a request returns e
 * a place in the **FCFS hold queue** (``policy.hold_queue.HoldQueue``, prompt tokens summed) while
   selective pushing holds it, with a wake-up event its routing task sleeps on;
 * an **in-flight** record once routed (confirmed by ``on_request_routed``), until
-  ``on_request_completed``;
+  ``on_request_completed`` (which Ray may call first, for a request answered at once: see
+  :meth:`RequestBook.completed`);
 * a line in the bounded **decision log** (which replica, why, matched prefix, wait), read by the
   region ingress for its response.
 
@@ -19,6 +20,7 @@ timed out); :meth:`RequestBook.completed` ends one that was.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import OrderedDict
 from typing import Any, Dict, Optional
 
@@ -29,6 +31,8 @@ from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.serve.clock import policy_now
 
 __all__ = ["Entry", "RequestBook", "extract_prompt_text"]
+
+_DONE_FIRST_KEEP_S = 5.0  # how long a completion that came before its on_request_routed waits for it
 
 
 def extract_prompt_text(args, kwargs) -> Optional[str]:
@@ -92,6 +96,9 @@ class RequestBook:
         self.inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest, routed at)
         self.decisions: "OrderedDict[str, dict]" = OrderedDict()
         self._reconciled: "OrderedDict[str, None]" = OrderedDict()  # ids released by reconcile, recent ones
+        # (internal id, replica) -> (entry, picked, monotonic time): completions that came before their
+        # on_request_routed (see completed); kept _DONE_FIRST_KEEP_S, for the routed call that follows
+        self._done_first: "OrderedDict[tuple, tuple]" = OrderedDict()
         self._decision_log_size = int(decision_log_size)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -208,12 +215,17 @@ class RequestBook:
         return None if ent is None else ent.wake
 
     # ------------------------------------------------------------ routed and completed
-    def routed(self, pr, target: str, local: bool, now: float, policy_name: str) -> None:
-        """Ray confirmed the request on ``target``: the entry becomes an in-flight record."""
+    def routed(self, pr, target: str, local: bool, now: float, policy_name: str) -> RouteRequest:
+        """Ray confirmed the request on ``target``: the entry becomes an in-flight record (or, if its
+        completion came first, is dispatched and completed at once). Returns the request."""
         md = pr.metadata
         iid = md.internal_request_id
+        done_first = self._done_first.pop((iid, target), None)
         ent = self.entries.pop(iid, None)
-        if ent is None:
+        picked = None if ent is None else ent.target
+        if ent is None and done_first is not None:
+            ent, picked, _at = done_first  # forgotten (and unreserved) when its completion came
+        elif ent is None:
             ent = self.new_entry(pr)
             self.entries.pop(iid, None)
         if iid in self.held:
@@ -222,12 +234,17 @@ class RequestBook:
             self.unreserve(ent)
         if local:
             self.policy.on_dispatch(ent.req, target, now)
-            self.inflight[iid] = (target, ent.req, now)
+            if done_first is None:
+                self.inflight[iid] = (target, ent.req, now)
+            else:
+                self.policy.on_complete(iid, target, now, req=ent.req)
+        if done_first is not None:
+            self.counters["completed_before_routed"] = self.counters.get("completed_before_routed", 0) + 1
         self.counters["routed"] += 1
         self._log_decision(md, iid, {
             "replica": target,
-            "matched": ent.matched if ent.target == target else 0,
-            "reason": ent.reason if ent.target == target or ent.fallback else "ray_reassigned",
+            "matched": ent.matched if picked == target else 0,
+            "reason": ent.reason if picked == target or ent.fallback else "ray_reassigned",
             "queue_wait_s": max(0.0, now - pr.created_at),
             "region": self.region,
             "policy": policy_name,
@@ -235,6 +252,7 @@ class RequestBook:
             "request_id": md.request_id,
             "internal_request_id": iid,
         })
+        return ent.req
 
     def _log_decision(self, md, iid: str, rec: dict) -> None:
         dec = self.decisions
@@ -254,15 +272,31 @@ class RequestBook:
             # released on an idle report before its completion arrived: the completion was late, not lost
             self.counters["reconciled_then_completed"] = self.counters.get("reconciled_then_completed", 0) + 1
         else:
-            # Never accepted: the replica rejected it (Ray routes it again and choose_replicas makes a
-            # new entry), or the caller went away after the replica was chosen and before it answered
-            # (Ray cancels the send). Either way the entry and its reservation go -- unless a retry
-            # already reserved another replica for it.
+            # Not routed (yet). Either it was never accepted: the replica rejected it (Ray routes it
+            # again and choose_replicas makes a new entry), or the caller went away after the replica
+            # was chosen and before it answered (Ray cancels the send). Or it was, and its completion
+            # came first: Ray 2.60 registers the completion callback before it awaits the replica's
+            # acceptance and calls on_request_routed after, so a request answered at once can complete
+            # before it is routed. Either way the entry and its reservation go -- unless a retry already
+            # reserved another replica for it -- and the entry is kept a few seconds for the routed call
+            # that may follow (``routed`` then dispatches and completes it at once).
             ent = self.entries.get(iid)
             if ent is not None and ent.target in (None, replica_uid):
+                picked = ent.target
                 self.forget(iid)
+                self._keep_done_first(iid, replica_uid, ent, picked)
         if self.held:
             self.wake_head()
+
+    def _keep_done_first(self, iid: str, replica_uid: str, ent: Entry, picked: Optional[str]) -> None:
+        now = time.monotonic()
+        kept = self._done_first
+        kept[(iid, replica_uid)] = (ent, picked, now)
+        while kept:  # rejected and cancelled sends are never routed: theirs go after a few seconds
+            _key, (_e, _p, at) = next(iter(kept.items()))
+            if at >= now - _DONE_FIRST_KEEP_S and len(kept) <= self._decision_log_size:
+                break
+            kept.popitem(last=False)
 
     def oldest_inflight(self, n: int) -> list:
         """``[[request id, target], ...]`` of the first ``n`` in-flight records (oldest first)."""

@@ -32,7 +32,9 @@ decision log). This class wires them into Ray's hooks.
   in-flight accounting: a *reservation* (``tracker.on_dispatch``) when ``choose_replicas`` picks a
   replica (so two requests routed before the first is acknowledged do not both see the same
   headroom), confirmed by ``on_request_routed`` -> ``policy.on_dispatch`` (prefix-index insert), and
-  released by ``on_request_completed`` -> ``policy.on_complete``. Engine truth wins: when a replica
+  released by ``on_request_completed`` -> ``policy.on_complete`` (Ray 2.60 may call that one first,
+  for a request answered at once: the book then completes it when it is routed, counted in
+  ``counters["completed_before_routed"]``). Engine truth wins: when a replica
   reports an idle engine, the in-flight records routed there more than ``reconcile_after_s`` (2 s)
   before that report are released too (a completion Ray never delivered; counted in
   ``counters["reconciled"]``; the soak found one after a replica was killed under load).
@@ -367,13 +369,12 @@ class GeoPrefixRouter(RequestRouter):
     def on_request_routed(self, pending_request: PendingRequest, replica_id, result) -> None:
         try:
             target = replica_id.unique_id
-            self.book.routed(pending_request, target, target in self.replicas.local_set, policy_now(),
-                             self.policy_name)
-            x = self.book.inflight.get(pending_request.metadata.internal_request_id)
+            local = target in self.replicas.local_set
+            req = self.book.routed(pending_request, target, local, policy_now(), self.policy_name)
             rec = self.book.decisions.get(pending_request.metadata.internal_request_id)
-            if x is not None and rec is not None:
+            if local and rec is not None:
                 self.metrics.observe("geolb_router_prefix_match_ratio",
-                                     min(1.0, (rec.get("matched") or 0) / max(1, len(x[1].text))), self.policy_name)
+                                     min(1.0, (rec.get("matched") or 0) / max(1, len(req.text))), self.policy_name)
             if self.metrics.due():
                 self._flush_metrics()
         except Exception as e:

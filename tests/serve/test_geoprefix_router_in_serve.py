@@ -291,3 +291,24 @@ def test_replica_killed_mid_run(cluster):
     after = [h.remote(f"after {i}").result(timeout_s=60) for i in range(9)]
     assert all(o["replica"] != victim_id for o in after)
     serve.delete("kill")
+
+
+def test_requests_answered_at_once_leave_no_in_flight_record(cluster):
+    """Ray 2.60 may call on_request_completed before on_request_routed for a request answered at once
+    (it registers the completion callback before awaiting the replica's acceptance). With the
+    idle-report reconciliation off, every in-flight record and reservation must still be gone once the
+    responses are in."""
+    h = _deploy("fast", 2, {"reconcile_after_s": None}, time_scale=0.001, output_tokens=1)
+    r = _router("fast", h)
+    _wait_stats(r, 2)
+    for burst in range(4):
+        outs = [x.result(timeout_s=60) for x in [h.remote(f"fast {burst} {i} " * 20) for i in range(64)]]
+        assert len(outs) == 64
+    deadline = time.time() + 5.0
+    while (r.book.inflight or r.book.entries) and time.time() < deadline:
+        time.sleep(0.05)
+    outstanding = {u: r.policy.tracker.outstanding(u) for u in r.local_replica_ids()}
+    print("completed before routed:", r.counters.get("completed_before_routed", 0), "of", r.counters["routed"])
+    assert r.book.inflight == {} and r.book.entries == {}, (len(r.book.inflight), len(r.book.entries))
+    assert set(outstanding.values()) == {0}, outstanding
+    serve.delete("fast")
