@@ -6,9 +6,12 @@
 One local Ray node labelled as region ``us`` runs the region app that ``build_region_apps`` builds
 (``RegionIngress`` in front of Ray Serve LLM's ``LLMServer`` with the emulated engine), with 2 model
 replicas that answer almost at once (engine time x 0.001, 1 output token, ``max_num_seqs`` 256) and
-no registry (one region: nothing to forward to). Each configuration is deployed once per round,
-configurations interleaved in one Ray session (the machine's noise hits all of them alike); it sends
-``--requests`` chat requests to ``/us/v1/chat/completions`` at each concurrency and prints:
+no registry (one region: nothing to forward to). Every configuration is deployed at once, each as
+its own app (``/<config>/v1/chat/completions``), once per round. At each concurrency, each
+configuration gets ``--requests`` chat requests in ``--slices`` slices, the configurations
+alternating slice by slice (A B B A A B ...), so that the machine's noise, which drifts over seconds
+on a shared 2-core VM, hits every configuration alike; a configuration's figures sum its slices. It
+prints:
 
 * requests/s, p50 / p99 latency, errors, and per round the ratios geo-N / pow2-N (same ingress,
   Ray's default router) and geo-2 / geo-1 (a second ingress replica);
@@ -51,15 +54,19 @@ def parse_config(name: str) -> dict:
 
 
 def build(cfg: dict, args, slow: bool) -> list:
+    """The region app of ``cfg``: app ``bench-<config>-us``, served at ``/<config>``."""
+    from dataclasses import replace
+
     from ray_geolb.serve.app import build_region_apps
 
     router_kwargs = None if cfg["share"] else {"headroom_share": "none"}
     scale, tokens = (args.grant_time_scale, args.grant_output_tokens) if slow else (0.001, 1)
     seqs = args.grant_max_num_seqs if slow else args.max_num_seqs
-    return build_region_apps({REGION: args.replicas}, router=cfg["router"], registry=False, latency={"scale": 0},
+    apps = build_region_apps({REGION: args.replicas}, router=cfg["router"], registry=False, latency={"scale": 0},
                              time_scale=scale, output_tokens=tokens, engine_overrides={"max_num_seqs": seqs},
                              ingress_replicas=cfg["ingress_replicas"], router_kwargs=router_kwargs,
-                             app_prefix="bench-")
+                             app_prefix=f"bench-{cfg['name']}-")
+    return [replace(a, route_prefix=f"/{cfg['name']}") for a in apps]
 
 
 async def wait_ready(client, url: str, timeout: float = 120.0) -> None:
@@ -99,10 +106,26 @@ async def load(client, url: str, n: int, concurrency: int, tag: str, max_tokens:
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
-    wall = time.perf_counter() - t0
-    return {"ok": len(lat), "errors": errors, "wall_s": wall, "rps": len(lat) / wall,
+    return summarise([{"lat": lat, "errors": errors, "wall_s": time.perf_counter() - t0}])
+
+
+def summarise(slices: List[dict]) -> dict:
+    """One configuration's figures over its slices: requests/s = answered / summed wall time, latency
+    percentiles over every slice's requests, errors, over-capacity arrivals and CPU summed."""
+    lat = [x for s in slices for x in s["lat"]]
+    wall = sum(s["wall_s"] for s in slices)
+    errors: Dict[str, int] = {}
+    cpu: Dict[str, float] = {}
+    for s in slices:
+        for k, v in s["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+        for k, v in s.get("cpu_s", {}).items():
+            cpu[k] = cpu.get(k, 0.0) + v
+    return {"lat": lat, "ok": len(lat), "errors": errors, "wall_s": wall, "rps": len(lat) / wall if wall else 0.0,
             "p50_ms": 1000 * percentile(lat, 50) if lat else float("nan"),
-            "p99_ms": 1000 * percentile(lat, 99) if lat else float("nan")}
+            "p99_ms": 1000 * percentile(lat, 99) if lat else float("nan"),
+            "over_capacity": sum(s.get("over_capacity", 0) for s in slices), "cpu_s": cpu,
+            "cpu_ms_per_req": {k: 1000 * v / max(1, len(lat)) for k, v in cpu.items()}}
 
 
 async def ingress_counters(app_name: str) -> dict:
@@ -177,47 +200,83 @@ async def over_capacity(app_name: str) -> int:
 
 
 async def measure(client, url: str, app_name: str, n: int, concurrency: int, tag: str, max_tokens: int) -> dict:
+    """One slice: ``n`` requests at ``concurrency``, with the CPU seconds and over-capacity arrivals
+    of the app's processes meanwhile (the proxy is shared: only the slice's app is under load)."""
     pids = serve_processes(app_name)
     oc0, cpu0 = await over_capacity(app_name), cpu_seconds(pids)
     res = await load(client, url, n, concurrency, tag, max_tokens=max_tokens)
     cpu1 = cpu_seconds(pids)
     res["over_capacity"] = await over_capacity(app_name) - oc0
-    res["cpu_ms_per_req"] = {k: 1000 * (cpu1[k] - cpu0.get(k, 0.0)) / max(1, res["ok"]) for k in cpu1}
+    res["cpu_s"] = {k: cpu1[k] - cpu0.get(k, 0.0) for k in cpu1}
     return res
 
 
-async def run_config(cfg: dict, args, base: str, slow: bool = False) -> Dict[int, dict]:
-    """One configuration, deployed once: ``{concurrency: result}``. Fast engines (throughput: the
-    ingress is the bottleneck) or, ``slow``, engines that are the bottleneck (SP-P has to hold;
-    over-capacity arrivals would show double grants)."""
+def slice_order(names: List[str], k: int) -> List[str]:
+    """The configurations' order in slice ``k``: A B, then B A, then A B, ... (no one always first)."""
+    return list(names) if k % 2 == 0 else list(reversed(names))
+
+
+async def run_round(cfgs: List[dict], args, base: str) -> Dict[str, dict]:
+    """Every configuration deployed at once, their slices alternating: ``{config: {concurrency:
+    result, "counters": ..., "profile": ...}}``. Fast engines: the ingress is the bottleneck."""
     import httpx
     from ray import serve
 
     from ray_geolb.serve.app import deploy_region_apps
 
-    apps = build(cfg, args, slow)
-    deploy_region_apps(apps)
-    app_name = apps[0].name
-    url = f"{base}{apps[0].route_prefix}/v1/chat/completions"
+    apps = {}
+    for cfg in cfgs:
+        a = build(cfg, args, slow=False)[0]
+        deploy_region_apps([a])
+        apps[cfg["name"]] = (a.name, f"{base}{a.route_prefix}/v1/chat/completions")
+    names = [c["name"] for c in cfgs]
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    out: Dict[int, dict] = {}
+    out: Dict[str, dict] = {n: {} for n in names}
+    try:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
+            for name in names:
+                await wait_ready(client, apps[name][1])
+                await load(client, apps[name][1], args.warmup, 8, "warm-up")
+            for c in args.concurrency:
+                n = args.requests if c > 1 else max(50, args.requests // 4)
+                per = max(1, n // args.slices)
+                slices: Dict[str, List[dict]] = {name: [] for name in names}
+                for k in range(args.slices):
+                    for name in slice_order(names, k):
+                        app_name, url = apps[name]
+                        slices[name].append(await measure(client, url, app_name, per, c, f"{name}-{k}", 1))
+                for name in names:
+                    out[name][c] = summarise(slices[name])
+            for name in names:
+                out[name]["counters"] = await ingress_counters(apps[name][0])
+                if name in args.profile:
+                    out[name]["profile"] = await profile_ingress(client, apps[name][1], apps[name][0], args, name)
+    finally:
+        for app_name, _url in apps.values():
+            serve.delete(app_name)
+    return out
+
+
+async def run_grant_check(cfg: dict, args, base: str) -> dict:
+    """One configuration with engines that are the bottleneck (SP-P has to hold; over-capacity
+    arrivals would show double grants), deployed alone."""
+    import httpx
+    from ray import serve
+
+    from ray_geolb.serve.app import deploy_region_apps
+
+    a = build(cfg, args, slow=True)[0]
+    deploy_region_apps([a])
+    url = f"{base}{a.route_prefix}/v1/chat/completions"
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     try:
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
             await wait_ready(client, url)
             await load(client, url, args.warmup, 8, "warm-up")
-            if slow:
-                out[32] = await measure(client, url, app_name, args.grant_requests, 32, cfg["name"],
-                                        args.grant_output_tokens)
-                return out
-            for c in args.concurrency:
-                n = args.requests if c > 1 else max(50, args.requests // 4)
-                out[c] = await measure(client, url, app_name, n, c, cfg["name"], 1)
-            out["counters"] = await ingress_counters(app_name)
-            if args.profile and cfg["name"] in args.profile:
-                out["profile"] = await profile_ingress(client, url, app_name, args, cfg["name"])
+            res = await measure(client, url, a.name, args.grant_requests, 32, cfg["name"], args.grant_output_tokens)
+            return summarise([res])
     finally:
-        serve.delete(app_name)
-    return out
+        serve.delete(a.name)
 
 
 async def profile_ingress(client, url: str, app_name: str, args, tag: str) -> str:
@@ -297,17 +356,35 @@ HEADER = ("| config | concurrency | req/s | p50 ms | p99 ms | errors | over-capa
           "CPU ms/req ingress / proxy / replicas |\n|---|---|---|---|---|---|---|---|")
 
 
-def ratios(rnd: int, results: Dict[str, List[dict]], names: List[str], concurrency: List[int]) -> None:
-    """geo-N / pow2-N (same ingress replicas) and geo-2 / geo-1, per concurrency, for this round."""
+def pairs_of(names: List[str]) -> List[tuple]:
+    """geo-N / pow2-N (same ingress replicas) and geo-2 / geo-1, where both were run."""
     pairs = [(n, n.replace("geo-", "pow2-", 1)) for n in names if n.startswith("geo-") and not n.endswith("noshare")]
     pairs += [("geo-2", "geo-1")] if {"geo-1", "geo-2"} <= set(names) else []
-    for a, b in pairs:
-        if b not in names:
-            continue
+    return [(a, b) for a, b in pairs if b in names]
+
+
+def ratios(rnd: int, results: Dict[str, List[dict]], names: List[str], concurrency: List[int]) -> None:
+    """The pairs' req/s ratio and p50 difference per concurrency, for this round."""
+    for a, b in pairs_of(names):
         for c in concurrency:
             ra, rb = results[a][rnd][c], results[b][rnd][c]
             print(f"round {rnd + 1}, concurrency {c}: {a} / {b} = {ra['rps'] / rb['rps']:.2f}x req/s, "
                   f"p50 {ra['p50_ms'] - rb['p50_ms']:+.2f} ms", flush=True)
+
+
+def ratios_over_rounds(results: Dict[str, List[dict]], names: List[str], concurrency: List[int]) -> None:
+    """Per pair and concurrency: the per-round ratios and p50 differences, their medians, and the
+    pooled figures (every round's slices as one measurement: answered / summed wall time, p50 of all)."""
+    for a, b in pairs_of(names):
+        for c in concurrency:
+            ra, rb = [r[c] for r in results[a]], [r[c] for r in results[b]]
+            rs = [x["rps"] / y["rps"] for x, y in zip(ra, rb)]
+            ds = [x["p50_ms"] - y["p50_ms"] for x, y in zip(ra, rb)]
+            pa, pb = summarise(ra), summarise(rb)
+            print(f"  {a} / {b} at concurrency {c}: req/s ratio per round {', '.join(f'{x:.2f}' for x in rs)} "
+                  f"(median {percentile(sorted(rs), 50):.2f}x, pooled {pa['rps'] / pb['rps']:.2f}x); p50 difference "
+                  f"per round {', '.join(f'{x:+.2f}' for x in ds)} ms (median {percentile(sorted(ds), 50):+.2f}, "
+                  f"pooled {pa['p50_ms'] - pb['p50_ms']:+.2f} ms)")
 
 
 def main(argv=None) -> int:
@@ -316,6 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=40)
     ap.add_argument("--concurrency", default="1,8,32")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--slices", type=int, default=4,
+                    help="slices per measurement, the configurations alternating slice by slice")
     ap.add_argument("--replicas", type=int, default=2, help="model replicas in the region")
     ap.add_argument("--max-num-seqs", type=int, default=256, help="engine sequence slots (throughput rounds)")
     ap.add_argument("--configs", default="geo-1,pow2-1,geo-2")
@@ -329,6 +408,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c]
     args.profile = [c for c in args.profile.split(",") if c]
+    if args.slices < 1:
+        raise SystemExit(f"bench_ingress: --slices must be >= 1, got {args.slices}")
     configs = [parse_config(c) for c in args.configs.split(",") if c]
     grant = [parse_config(c) for c in args.grant_configs.split(",") if c]
 
@@ -340,8 +421,9 @@ def main(argv=None) -> int:
 
     from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
 
-    print(f"bench_ingress: {args.requests} chat requests per measurement at concurrency {args.concurrency}, "
-          f"{args.rounds} rounds, configurations interleaved; region {REGION}: {args.replicas} emulated LLMServer "
+    print(f"bench_ingress: {args.requests} chat requests per measurement at concurrency {args.concurrency} "
+          f"(a quarter at concurrency 1), {args.rounds} rounds, every configuration deployed at once and "
+          f"alternating in {args.slices} slices per measurement; region {REGION}: {args.replicas} emulated LLMServer "
           f"replicas (engine time x0.001, 1 output token, max_num_seqs {args.max_num_seqs}); no registry; "
           f"GeoPrefixRouter and the ingress at their defaults except where named; {os.cpu_count()} CPUs", flush=True)
     tmp = ray_temp_dir("geolb_bi_")
@@ -353,13 +435,15 @@ def main(argv=None) -> int:
         base = f"http://127.0.0.1:{port}"
         for rnd in range(args.rounds):
             print(f"\nround {rnd + 1}\n\n{HEADER}", flush=True)
+            out = asyncio.run(run_round(configs, args, base))
             for cfg in configs:
-                res = asyncio.run(run_config(cfg, args, base))
+                res = out[cfg["name"]]
                 results[cfg["name"]].append(res)
                 for c in args.concurrency:
                     print(fmt(cfg["name"], c, res[c]), flush=True)
-                print(f"  ({cfg['name']} ingress counters, all measurements of the round: {res['counters']})",
-                      flush=True)
+            for cfg in configs:
+                print(f"  ({cfg['name']} ingress counters, all measurements of the round: "
+                      f"{out[cfg['name']]['counters']})", flush=True)
             ratios(rnd, results, [c["name"] for c in configs], args.concurrency)
         for cfg in configs:
             for rnd, res in enumerate(results[cfg["name"]]):
@@ -370,8 +454,7 @@ def main(argv=None) -> int:
                   f"{args.grant_max_num_seqs}, {args.grant_output_tokens} output tokens (the engines are the "
                   f"bottleneck), {args.grant_requests} requests at concurrency 32\n\n{HEADER}", flush=True)
         for cfg in grant:
-            res = asyncio.run(run_config(cfg, args, base, slow=True))
-            print(fmt(cfg["name"], 32, res[32]), flush=True)
+            print(fmt(cfg["name"], 32, asyncio.run(run_grant_check(cfg, args, base))), flush=True)
         print("\nsummary (median over rounds)")
         for name, rs in results.items():
             for c in args.concurrency:
@@ -380,6 +463,7 @@ def main(argv=None) -> int:
                 print(f"  {name} @ {c}: req/s {percentile(rps, 50):.1f} (rounds {', '.join(f'{x:.1f}' for x in rps)}),"
                       f" p50 {percentile(p50, 50):.2f} ms; over-capacity {sum(r[c]['over_capacity'] for r in rs)}; "
                       f"errors {sum(sum(r[c]['errors'].values()) for r in rs)}")
+        ratios_over_rounds(results, [c["name"] for c in configs], args.concurrency)
     finally:
         try:
             serve.shutdown()
