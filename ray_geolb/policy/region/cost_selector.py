@@ -28,8 +28,10 @@ The remote queue ``W(p)`` is what distinguishes the two presets:
 * ``GORGO_COST`` (``remote_queue=False``): GORGO's code leaves the peer's queue out;
 * ``GEOPREFIX_COST`` (the default, ``remote_queue=True``):
   ``W(p) = t_p(p) · (Q_p + Q_fwd) · (1 + age/staleness_scale_s) / R_p`` — ``Q_p`` the tokens queued at
-  the peer's LB (``extra["queued_tokens"]``, else ``queue_len ×`` mean prompt), ``Q_fwd`` the prompt
-  tokens this LB forwarded there *after* the heartbeat beyond the first ``available_replicas`` of
+  the peer, its LB's queue and its engines' backlog (``extra["queued_tokens"]``, see
+  :meth:`CostSelector.heartbeat_extra`; else ``queue_len ×`` mean prompt), ``Q_fwd`` the prompt
+  tokens this LB forwarded there that the heartbeat cannot have seen (sent after its timestamp less
+  one RTT: :meth:`CostSelector.unreflected_since`) beyond the first ``available_replicas`` of
   them (those went to the replicas the heartbeat reported free), ``R_p`` its replica count
   (``extra["replicas"]``, else ``available_replicas``), and the factor inflates an old report (a
   queue seen ``age`` seconds ago has had time to grow). Matches are discounted by their own age
@@ -38,8 +40,8 @@ The remote queue ``W(p)`` is what distinguishes the two presets:
 ``GEOPREFIX_COST`` also sets ``w_shared = 1``, the region-level twin of GeoPrefix's local term: a
 residual prefill slows every request in flight on the replica that runs it, so each option adds
 ``w_shared · t_p · (L − L_hit) · n`` with ``n`` the requests in flight per replica there (the
-peer's heartbeat ``extra["inflight"]`` plus forwards sent since, over its replicas; for staying,
-this region's own count). A peer that reports no waiting queue but runs a large batch — what SP-P
+peer's heartbeat ``extra["inflight"]`` plus the forwards it cannot have seen, over its replicas;
+for staying, this region's own count). A peer that reports no waiting queue but runs a large batch — what SP-P
 availability cannot see — then costs what it costs.
 
 **Wait for a local slot** (``stay_slot_wait``): the selector runs only when no local replica is
@@ -170,13 +172,21 @@ class CostSelector(PeerSelector):
         return self.local_t_p(router)
 
     def local_queue_tokens(self, router, req) -> float:
-        local = router.local
+        """Prompt tokens ahead of a new request here: this LB's queue plus the local engines' backlog."""
         mean = self._mean_prompt(router, req)
         q = router.queued_tokens if router.queued_tokens is not None else router.queue_len * mean
+        return q + self.engine_queued_tokens(router, mean)
+
+    @staticmethod
+    def engine_queued_tokens(router, mean: float) -> float:
+        """Prefill tokens queued at the local engines (the policy's estimate per replica; without one,
+        reported waiting + unseen dispatches at the ``mean`` prompt)."""
+        local = router.local
         tracker = local.tracker
+        q = 0.0
         for t in local.targets:
             v = local.queued_tokens(t)
-            if v is None:  # the policy does not estimate it: reported waiting + unseen, at the mean prompt
+            if v is None:
                 s = tracker.stats(t)
                 v = (s.num_waiting if s is not None else 0) * mean + tracker.unseen(t) * mean
             q += v
@@ -230,7 +240,8 @@ class CostSelector(PeerSelector):
         qtok = ex.get("queued_tokens")
         q = (float(qtok) if isinstance(qtok, (int, float)) and qtok >= 0
              else (p.queue_len if cfg.forwards_cap_peers else p.reported_queue_len) * self._mean_prompt(router, req))
-        sent = [tok for (t, tok) in self._fwd.get(region, ()) if t > p.timestamp]
+        since = self.unreflected_since(router, region)
+        sent = [tok for (t, tok) in self._fwd.get(region, ()) if t > since]
         q += sum(sent[max(0, p.available_replicas):])
         reps = ex.get("replicas")
         r = reps if isinstance(reps, int) and reps > 0 else max(1, p.available_replicas)
@@ -239,15 +250,27 @@ class CostSelector(PeerSelector):
             stale += max(0.0, now - p.timestamp) / cfg.staleness_scale_s
         return tp * q * stale / r
 
+    def unreflected_since(self, router, region: str) -> float:
+        """The forwards to ``region`` sent after this time may be missing from its state: the state's
+        ``timestamp`` is when the registry received it (age_s from the registry, on this LB's clock),
+        so the peer measured it a registry leg earlier, and a forward counts there only once it has
+        arrived, half an RTT after it was sent. One RTT to the peer covers both legs when the registry
+        is on the way (it is exact for the home region's LB, the registry's own). Without it a burst's
+        forwards drop out of the price at the peer's next heartbeat although its heartbeat predates
+        them: the LB then saw an idle far peer and sent it a second burst (``network-hard``, t = 0.3 s)."""
+        return router.peers[region].timestamp - self.rtt_of(router, region)
+
     def peer_inflight(self, router, region: str) -> float:
         """Requests in flight per replica at ``region``: its heartbeat's count plus what this LB forwarded
-        there since, over its replica count (0 if the heartbeat carries no count)."""
+        there that the heartbeat cannot have seen (:meth:`unreflected_since`), over its replica count (0
+        if the heartbeat carries no count)."""
         p = router.peers[region]
         ex = p.extra or {}
         n = ex.get("inflight")
         if not isinstance(n, (int, float)) or n < 0:
             return 0.0
-        n = float(n) + sum(1 for (t, _) in self._fwd.get(region, ()) if t > p.timestamp)
+        since = self.unreflected_since(router, region)
+        n = float(n) + sum(1 for (t, _) in self._fwd.get(region, ()) if t > since)
         reps = ex.get("replicas")
         return n / (reps if isinstance(reps, int) and reps > 0 else max(1, p.available_replicas))
 
@@ -391,8 +414,14 @@ class CostSelector(PeerSelector):
         return None, 0, "local_available"
 
     def heartbeat_extra(self, router, queued_tokens: Optional[float]) -> dict:
+        """What peers price this region by. ``queued_tokens``: this LB's queue (the caller's figure)
+        plus the local engines' backlog, the same tokens :meth:`local_queue_tokens` prices staying by,
+        so a peer's forward and a local stay see one queue. (The LB queue alone hid a backlog SP-P
+        had just pushed into the engines: a far region that had taken a burst reported 0 queued
+        tokens and was sent a second one.)"""
         ex = {"replicas": len(router.local.targets), "t_p_s": self.local_t_p(router),
               "inflight": self._inflight(router)}
         if queued_tokens is not None:
-            ex["queued_tokens"] = float(queued_tokens)
+            mean = router.local.mean_prompt_tokens or 0.0
+            ex["queued_tokens"] = float(queued_tokens) + self.engine_queued_tokens(router, float(mean))
         return ex

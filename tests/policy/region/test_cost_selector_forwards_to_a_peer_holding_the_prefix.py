@@ -9,7 +9,7 @@ import json
 import pytest
 
 from policy_cases import TP, P, region, rq
-from ray_geolb.policy import PeerState
+from ray_geolb.policy import PeerState, ReplicaStats
 from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
 
@@ -19,8 +19,12 @@ DOC = P * 8  # 16,384 characters: ~4,096 tokens, 4.1 s of prefill at 1 ms per to
 def _peer_holding(text: str, name="eu", now=1.0):
     """The summary region ``name`` publishes after sending ``text`` to one of its replicas, over the wire."""
     peer = region(name, remote="cost", cost=GEOPREFIX_COST, targets=(f"{name}-0", f"{name}-1"))
-    peer.on_dispatch(rq(99, text), f"{name}-0", now)
+    peer.on_dispatch(rq(99, text), f"{name}-0", now - 0.5)
+    # the replica's next report has seen it (prefilled, decoding): nothing queued there any more, so the
+    # heartbeat's queued tokens (LB queue + engine backlog) are 0 and what is priced is the match
+    peer.local.on_stats(f"{name}-0", ReplicaStats(max_num_seqs=64, num_running=1, timestamp=now - 0.25))
     hb = peer.heartbeat(0, now, queued_tokens=0.0)
+    assert hb.extra["queued_tokens"] == 0.0
     assert hb.prefix_summary is not None and hb.prefix_summary.n > 0
     wire = json.loads(json.dumps(hb.prefix_summary.to_wire()))
     return PeerState(name, 2, 0, now, rtt_s=0.15, extra=hb.extra, prefix_summary=PrefixSummary.from_wire(wire))

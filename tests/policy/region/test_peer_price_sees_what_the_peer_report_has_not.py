@@ -1,0 +1,57 @@
+"""What a peer's heartbeat cannot show is still priced (issue 13, ``network-hard`` at t = 0.3 s): the
+forwards this LB sent that had not reached the peer when it measured, and the backlog SP-P has already
+pushed into the peer's engines."""
+
+import pytest
+
+from policy_cases import TP, fill, region, rq
+from ray_geolb.policy import PeerState, ReplicaStats
+from ray_geolb.policy.region import GEOPREFIX_COST
+
+
+def _us():
+    r = region(remote="cost", cost=dict(GEOPREFIX_COST, staleness_scale_s=None), tau=5)
+    fill(r)
+    return r
+
+
+def test_forwards_sent_within_one_rtt_before_the_state_still_count():
+    """A state's timestamp is when the registry received it: the peer measured it a leg earlier, and a
+    forward reaches the peer half an RTT after it is sent. Forwards sent less than one RTT before the
+    timestamp are counted; older ones are taken as seen by the report."""
+    r = _us()
+    req = rq(0, "q" * 4000)
+    r.update_peer(PeerState("au", 2, 0, 0.0, rtt_s=0.2, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    for i in range(4):  # a burst at t = 1.0: two take the free replicas, two queue (1,000 tokens each)
+        r.on_forward(rq(10 + i, "f" * 4000), "au", 1.0)
+    assert r.selector.remote_wait(r, req, "au", 1.0) == pytest.approx(TP * 2000 / 2)
+    # the peer's next state reached the registry at 1.1, measured before the burst arrived (1.1 < 1.0 + RTT)
+    r.update_peer(PeerState("au", 2, 0, 1.1, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    assert r.selector.unreflected_since(r, "au") == pytest.approx(0.9)
+    assert r.selector.remote_wait(r, req, "au", 1.1) == pytest.approx(TP * 2000 / 2)
+    assert r.selector.peer_inflight(r, "au") == pytest.approx(4 / 2)
+    # one that reached the registry a full RTT after the burst has seen it: the report's own figures rule
+    r.update_peer(PeerState("au", 2, 0, 1.25, extra={"queued_tokens": 0, "replicas": 2, "inflight": 4}))
+    assert r.selector.remote_wait(r, req, "au", 1.25) == 0
+    assert r.selector.peer_inflight(r, "au") == pytest.approx(4 / 2)
+
+
+def test_the_heartbeat_reports_the_engines_backlog_with_the_lb_queue():
+    """``queued_tokens`` = the LB's queue + the local engines' queued prefill (the tokens staying is
+    priced by): requests SP-P pushed into an engine that its report has not yet seen count."""
+    peer = region("au", remote="cost", cost=GEOPREFIX_COST, targets=("au-0", "au-1"))
+    assert peer.heartbeat(0, 1.0, queued_tokens=300.0).extra["queued_tokens"] == 300.0
+    for i in range(3):
+        peer.on_dispatch(rq(i, "pqr"[i] * 4000), "au-0", 1.0)  # 1,000 new tokens each, not yet in a report
+    backlog = peer.selector.engine_queued_tokens(peer, 0.0)
+    assert backlog == pytest.approx(3000)
+    hb = peer.heartbeat(0, 1.1, queued_tokens=300.0)
+    assert hb.extra["queued_tokens"] == pytest.approx(300 + 3000)
+    assert peer.selector.local_queue_tokens(peer, rq(9, "x" * 400)) == pytest.approx(300 + 3000)
+    # the replica's report has seen them, prefilled and decoding: only the LB queue is left
+    peer.local.on_stats("au-0", ReplicaStats(num_waiting=0, num_running=3, max_num_seqs=64, timestamp=1.2))
+    assert peer.heartbeat(0, 1.3, queued_tokens=300.0).extra["queued_tokens"] == pytest.approx(300)
+    # and a peer that prices the backlogged region sees its wait
+    us = _us()
+    us.update_peer(PeerState("au", 2, 0, 1.1, rtt_s=0.2, extra=hb.extra))
+    assert us.selector.remote_wait(us, rq(5, "q" * 400), "au", 1.1) == pytest.approx(TP * 3300 / 2)
