@@ -178,18 +178,22 @@ class CostSelector(PeerSelector):
         return q + self.engine_queued_tokens(router, mean)
 
     @staticmethod
-    def engine_queued_tokens(router, mean: float) -> float:
+    def engine_queued_tokens(router, mean: float, reported_share: float = 1.0) -> float:
         """Prefill tokens queued at the local engines (the policy's estimate per replica; without one,
-        reported waiting + unseen dispatches at the ``mean`` prompt)."""
+        reported waiting + unseen dispatches at the ``mean`` prompt). ``reported_share`` scales the part
+        the engines reported (their waiting count at ``mean`` tokens; this router's own unseen
+        dispatches stay whole): a heartbeat counts ``1/n`` of it when ``n`` routers share the replicas,
+        since the registry adds a region's sources up."""
         local = router.local
         tracker = local.tracker
         q = 0.0
         for t in local.targets:
             v = local.queued_tokens(t)
+            s = tracker.stats(t)
+            waiting = (s.num_waiting if s is not None else 0) * mean
             if v is None:
-                s = tracker.stats(t)
-                v = (s.num_waiting if s is not None else 0) * mean + tracker.unseen(t) * mean
-            q += v
+                v = waiting + tracker.unseen(t) * mean
+            q += v - (1.0 - reported_share) * waiting
         return q
 
     def local_cost(self, router, req, now: float, shared: bool = True) -> Optional[float]:
@@ -418,10 +422,14 @@ class CostSelector(PeerSelector):
         plus the local engines' backlog, the same tokens :meth:`local_queue_tokens` prices staying by,
         so a peer's forward and a local stay see one queue. (The LB queue alone hid a backlog SP-P
         had just pushed into the engines: a far region that had taken a burst reported 0 queued
-        tokens and was sent a second one.)"""
-        ex = {"replicas": len(router.local.targets), "t_p_s": self.local_t_p(router),
+        tokens and was sent a second one.) With ``n`` ingress routers sharing the region's replicas
+        (``LoadTracker.share``) each reports ``1/n`` of the engines' reported waiting, as the registry
+        sums its sources."""
+        local = router.local
+        ex = {"replicas": len(local.targets), "t_p_s": self.local_t_p(router),
               "inflight": self._inflight(router)}
         if queued_tokens is not None:
-            mean = router.local.mean_prompt_tokens or 0.0
-            ex["queued_tokens"] = float(queued_tokens) + self.engine_queued_tokens(router, float(mean))
+            mean = float(local.mean_prompt_tokens or 0.0)
+            n = (getattr(local.tracker, "share", None) or (0, 1))[1]
+            ex["queued_tokens"] = float(queued_tokens) + self.engine_queued_tokens(router, mean, 1.0 / max(1, n))
         return ex

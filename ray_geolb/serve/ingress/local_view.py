@@ -243,6 +243,12 @@ class TrackerView:
         t = self._tracker()
         return t.outstanding(target) if t is not None else 0
 
+    @property
+    def share(self):
+        """(rank, n): the router's share of each report's headroom (n routers share the replicas)."""
+        t = self._tracker()
+        return t.share if t is not None else (0, 1)
+
 
 class LocalSlot:
     """The local capacity one request holds: its id in the view's ``unrouted`` set until the router

@@ -55,3 +55,18 @@ def test_the_heartbeat_reports_the_engines_backlog_with_the_lb_queue():
     us = _us()
     us.update_peer(PeerState("au", 2, 0, 1.1, rtt_s=0.2, extra=hb.extra))
     assert us.selector.remote_wait(us, rq(5, "q" * 400), "au", 1.1) == pytest.approx(TP * 3300 / 2)
+
+
+def test_routers_that_share_the_replicas_each_report_their_part_of_the_reported_backlog():
+    """With n ingress routers per region the registry adds their heartbeats up: each reports 1/n of the
+    waiting the engines reported (all of them see the same reports) and all of its own unseen work."""
+    peer = region("au", remote="cost", cost=GEOPREFIX_COST, targets=("au-0", "au-1"))
+    for t in ("au-0", "au-1"):
+        peer.local.on_stats(t, ReplicaStats(num_waiting=4, num_running=8, max_num_seqs=64, timestamp=1.0))
+    peer.on_dispatch(rq(1, "u" * 4000), "au-0", 1.5)  # this router's own, after the reports: 1,000 tokens
+    mean = peer.local.mean_prompt_tokens  # what a reported waiting request is taken to hold
+    alone = peer.heartbeat(0, 2.0, queued_tokens=0.0).extra["queued_tokens"]
+    assert alone == pytest.approx(8 * mean + 1000)
+    peer.local.tracker.set_share(0, 2)
+    assert peer.heartbeat(0, 2.0, queued_tokens=0.0).extra["queued_tokens"] == pytest.approx(4 * mean + 1000)
+    assert peer.selector.local_queue_tokens(peer, rq(2, "x" * 400)) == pytest.approx(8 * mean + 1000)
