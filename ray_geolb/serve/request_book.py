@@ -96,9 +96,9 @@ class RequestBook:
         self.inflight: Dict[str, tuple] = {}  # internal id -> (target, RouteRequest, routed at)
         self.decisions: "OrderedDict[str, dict]" = OrderedDict()
         self._reconciled: "OrderedDict[str, None]" = OrderedDict()  # ids released by reconcile, recent ones
-        # (internal id, replica) -> (entry, picked, monotonic time): completions that came before their
+        # internal id -> (entry, picked, replica, monotonic time): completions that came before their
         # on_request_routed (see completed); kept _DONE_FIRST_KEEP_S, for the routed call that follows
-        self._done_first: "OrderedDict[tuple, tuple]" = OrderedDict()
+        self._done_first: "OrderedDict[str, tuple]" = OrderedDict()
         self._decision_log_size = int(decision_log_size)
         self.loop: Optional[asyncio.AbstractEventLoop] = None
 
@@ -114,6 +114,8 @@ class RequestBook:
 
     def new_entry(self, pr) -> Entry:
         md = pr.metadata
+        if self._done_first:
+            self._done_first.pop(md.internal_request_id, None)  # routed again (a retry): that send is over
         handed = _serve_pkg.take_over(getattr(md, "request_id", None))  # the region ingress's, same process
         if handed is not None:
             text = handed.text  # canonicalised once per hop, by the ingress
@@ -220,11 +222,13 @@ class RequestBook:
         completion came first, is dispatched and completed at once). Returns the request."""
         md = pr.metadata
         iid = md.internal_request_id
-        done_first = self._done_first.pop((iid, target), None)
+        done_first = self._done_first.pop(iid, None) if self._done_first else None
+        if done_first is not None and done_first[2] != target:
+            done_first = None  # the completion was another replica's (a rejected send)
         ent = self.entries.pop(iid, None)
         picked = None if ent is None else ent.target
         if ent is None and done_first is not None:
-            ent, picked, _at = done_first  # forgotten (and unreserved) when its completion came
+            ent, picked = done_first[0], done_first[1]  # forgotten (and unreserved) when its completion came
         elif ent is None:
             ent = self.new_entry(pr)
             self.entries.pop(iid, None)
@@ -291,9 +295,10 @@ class RequestBook:
     def _keep_done_first(self, iid: str, replica_uid: str, ent: Entry, picked: Optional[str]) -> None:
         now = time.monotonic()
         kept = self._done_first
-        kept[(iid, replica_uid)] = (ent, picked, now)
+        kept.pop(iid, None)
+        kept[iid] = (ent, picked, replica_uid, now)
         while kept:  # rejected and cancelled sends are never routed: theirs go after a few seconds
-            _key, (_e, _p, at) = next(iter(kept.items()))
+            at = next(iter(kept.values()))[3]
             if at >= now - _DONE_FIRST_KEEP_S and len(kept) <= self._decision_log_size:
                 break
             kept.popitem(last=False)

@@ -93,6 +93,26 @@ def test_a_rejected_send_that_is_never_routed_leaves_nothing(monkeypatch):
         now[0] += request_book._DONE_FIRST_KEEP_S + 1
         r._choose(reps, pr1)
         r.on_request_completed(reps[0].replica_id, "i1")
-        assert list(r.book._done_first) == [("i1", "a")]  # the old one went
+        assert list(r.book._done_first) == ["i1"]  # the old one went
+
+    asyncio.run(go())
+
+
+def test_a_retry_after_a_rejected_send_is_not_taken_for_a_completed_one():
+    """The replica rejected the send (its completion, no routed call); Ray routes the request again,
+    to the same replica: that send runs, so its routed call makes an in-flight record."""
+    r, reps = _router()
+
+    async def go():
+        pr0 = _pr(0)
+        rid = reps[0].replica_id
+        r._choose(reps, pr0)
+        r.on_request_completed(rid, "i0")  # rejected
+        r._choose(reps, pr0)  # Ray's retry: a new entry, the same replica
+        r.on_request_routed(pr0, rid, None)
+        assert set(r.book.inflight) == {"i0"} and r.policy.tracker.outstanding("a") == 1
+        assert r.counters.get("completed_before_routed", 0) == 0
+        r.on_request_completed(rid, "i0")
+        assert r.book.inflight == {} and r.policy.tracker.outstanding("a") == 0
 
     asyncio.run(go())
