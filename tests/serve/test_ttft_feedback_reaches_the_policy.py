@@ -239,7 +239,9 @@ def test_local_view_is_the_live_policy_and_prices_staying_like_the_simulator():
     ex = ing.heartbeat_extra()
     assert ex == sim.heartbeat(4, now, queued_tokens=1150.0).extra
     assert ex["replicas"] == 2 and ex["inflight"] == 4 and ex["t_p_s"] == pytest.approx(2e-4)
-    assert ex["queued_tokens"] == 1150.0
+    # the ingress's and the router's queues, plus the engines' backlog (what staying is priced by)
+    backlog = sim.selector.engine_queued_tokens(sim, geo.mean_prompt_tokens)
+    assert backlog > 0 and ex["queued_tokens"] == pytest.approx(1150.0 + backlog)
 
 
 def test_saturated_region_forwards_by_relayed_extras():
