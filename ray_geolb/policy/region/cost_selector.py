@@ -430,6 +430,6 @@ class CostSelector(PeerSelector):
               "inflight": self._inflight(router)}
         if queued_tokens is not None:
             mean = float(local.mean_prompt_tokens or 0.0)
-            n = (getattr(local.tracker, "share", None) or (0, 1))[1]
+            n = local.tracker.share[1]
             ex["queued_tokens"] = float(queued_tokens) + self.engine_queued_tokens(router, mean, 1.0 / max(1, n))
         return ex

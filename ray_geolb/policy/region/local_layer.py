@@ -16,7 +16,7 @@ region layer reads.
 
 from __future__ import annotations
 
-from typing import Collection, Hashable, Iterable, Optional, Protocol, Sequence, runtime_checkable
+from typing import Collection, Hashable, Iterable, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from ..availability import ReplicaStats
 from ..base import Decision, RouteRequest
@@ -41,6 +41,10 @@ class LocalLoad(Protocol):
 
     def outstanding(self, target: Hashable) -> int:
         """Requests this router has in flight at ``target``."""
+
+    @property
+    def share(self) -> Tuple[int, int]:
+        """``(rank, n)``: this router is one of ``n`` that share the replicas (``LoadTracker.set_share``)."""
 
 
 @runtime_checkable
