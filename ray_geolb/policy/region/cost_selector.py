@@ -189,6 +189,9 @@ class CostSelector(PeerSelector):
         q = 0.0
         for t in local.targets:
             v = local.queued_tokens(t)
+            if v is not None and reported_share == 1.0:
+                q += v  # the stay price's case: the policy's estimate as it is
+                continue
             s = tracker.stats(t)
             waiting = (s.num_waiting if s is not None else 0) * mean
             if v is None:
@@ -244,8 +247,7 @@ class CostSelector(PeerSelector):
         qtok = ex.get("queued_tokens")
         q = (float(qtok) if isinstance(qtok, (int, float)) and qtok >= 0
              else (p.queue_len if cfg.forwards_cap_peers else p.reported_queue_len) * self._mean_prompt(router, req))
-        since = self.unreflected_since(router, region)
-        sent = [tok for (t, tok) in self._fwd.get(region, ()) if t > since]
+        sent = self._unseen_forwards(router, region)
         q += sum(sent[max(0, p.available_replicas):])
         reps = ex.get("replicas")
         r = reps if isinstance(reps, int) and reps > 0 else max(1, p.available_replicas)
@@ -264,6 +266,23 @@ class CostSelector(PeerSelector):
         them: the LB then saw an idle far peer and sent it a second burst (``network-hard``, t = 0.3 s)."""
         return router.peers[region].timestamp - self.rtt_of(router, region)
 
+    def _unseen_forwards(self, router, region: str) -> List[int]:
+        """Prompt tokens of the forwards to ``region`` its state cannot have seen (sent after
+        :meth:`unreflected_since`), oldest first. The forwards are kept in the order they were sent, so
+        the walk goes from the newest back and stops at the first one the state has seen: a decision
+        reads only the recent ones, not the whole history (up to 4,096 per peer)."""
+        q = self._fwd.get(region)
+        if not q:
+            return []
+        since = self.unreflected_since(router, region)
+        out = []
+        for t, tok in reversed(q):
+            if t <= since:
+                break
+            out.append(tok)
+        out.reverse()
+        return out
+
     def peer_inflight(self, router, region: str) -> float:
         """Requests in flight per replica at ``region``: its heartbeat's count plus what this LB forwarded
         there that the heartbeat cannot have seen (:meth:`unreflected_since`), over its replica count (0
@@ -273,8 +292,7 @@ class CostSelector(PeerSelector):
         n = ex.get("inflight")
         if not isinstance(n, (int, float)) or n < 0:
             return 0.0
-        since = self.unreflected_since(router, region)
-        n = float(n) + sum(1 for (t, _) in self._fwd.get(region, ()) if t > since)
+        n = float(n) + len(self._unseen_forwards(router, region))
         reps = ex.get("replicas")
         return n / (reps if isinstance(reps, int) and reps > 0 else max(1, p.available_replicas))
 
@@ -373,21 +391,26 @@ class CostSelector(PeerSelector):
         hit = self.local_hit(router, req, now) if self.config.stay_local and self._may_stay(router, req) else None
         costs, raw, hits = self.peer_costs(router, req, peers, now, hit)
         best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))
-        shared = all(isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers)
-        stay = self._stay_cost(router, req, now, shared, hit) if hit is not None else None
+        stay = self._stay_cost(router, req, now, self._peers_report_inflight(router, peers), hit) \
+            if hit is not None else None
         self.last_costs = dict(costs)
         self.last_costs[None] = stay if stay is not None else math.inf
         if stay is not None and stay <= costs[best]:
             return None, 0, "stay_cheaper"
         return best, raw.get(best, 0) if best in hits else 0, "cost"
 
+    @staticmethod
+    def _peers_report_inflight(router, peers: List[str]) -> bool:
+        """Every peer's heartbeat carries its in-flight count: staying is then priced with its own
+        in-flight term too (``local_cost``'s ``shared``), so both sides are priced alike."""
+        return all(isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers)
+
     def costs_before_saturation(self, router, req, peers: List[str], now: float):
         """(stay cost or None, peer -> cost, raw matches, discounted matches); no state changes."""
         if not self._may_stay(router, req):
             return None, {}, {}, {}
         hit = self.local_hit(router, req, now)
-        stay = self._stay_cost(router, req, now, all(
-            isinstance((router.peers[r].extra or {}).get("inflight"), (int, float)) for r in peers), hit)
+        stay = self._stay_cost(router, req, now, self._peers_report_inflight(router, peers), hit)
         costs, raw, hits = self.peer_costs(router, req, peers, now, hit)
         return stay, costs, raw, hits
 
