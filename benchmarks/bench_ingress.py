@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -216,67 +217,62 @@ def slice_order(names: List[str], k: int) -> List[str]:
     return list(names) if k % 2 == 0 else list(reversed(names))
 
 
-async def run_round(cfgs: List[dict], args, base: str) -> Dict[str, dict]:
-    """Every configuration deployed at once, their slices alternating: ``{config: {concurrency:
-    result, "counters": ..., "profile": ...}}``. Fast engines: the ingress is the bottleneck."""
+@contextlib.asynccontextmanager
+async def serving(cfgs: List[dict], args, base: str, slow: bool):
+    """Deploy every configuration's app at once, wait until each answers and warm it up; yields an HTTP
+    client and ``{config: (app name, chat URL)}``; deletes the apps on the way out."""
     import httpx
     from ray import serve
 
     from ray_geolb.serve.app import deploy_region_apps
 
-    apps = {}
-    for cfg in cfgs:
-        a = build(cfg, args, slow=False)[0]
-        deploy_region_apps([a])
-        apps[cfg["name"]] = (a.name, f"{base}{a.route_prefix}/v1/chat/completions")
-    names = [c["name"] for c in cfgs]
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    out: Dict[str, dict] = {n: {} for n in names}
+    apps: Dict[str, tuple] = {}
     try:
+        for cfg in cfgs:
+            a = build(cfg, args, slow)[0]
+            deploy_region_apps([a])
+            apps[cfg["name"]] = (a.name, f"{base}{a.route_prefix}/v1/chat/completions")
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
         async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
-            for name in names:
-                await wait_ready(client, apps[name][1])
-                await load(client, apps[name][1], args.warmup, 8, "warm-up")
-            for c in args.concurrency:
-                n = args.requests if c > 1 else max(50, args.requests // 4)
-                per = max(1, n // args.slices)
-                slices: Dict[str, List[dict]] = {name: [] for name in names}
-                for k in range(args.slices):
-                    for name in slice_order(names, k):
-                        app_name, url = apps[name]
-                        slices[name].append(await measure(client, url, app_name, per, c, f"{name}-{k}", 1))
-                for name in names:
-                    out[name][c] = summarise(slices[name])
-            for name in names:
-                out[name]["counters"] = await ingress_counters(apps[name][0])
-                if name in args.profile:
-                    out[name]["profile"] = await profile_ingress(client, apps[name][1], apps[name][0], args, name)
+            for _app_name, url in apps.values():
+                await wait_ready(client, url)
+                await load(client, url, args.warmup, 8, "warm-up")
+            yield client, apps
     finally:
         for app_name, _url in apps.values():
             serve.delete(app_name)
+
+
+async def run_round(cfgs: List[dict], args, base: str) -> Dict[str, dict]:
+    """Every configuration deployed at once, their slices alternating: ``{config: {concurrency:
+    result, "counters": ..., "profile": ...}}``. Fast engines: the ingress is the bottleneck."""
+    names = [c["name"] for c in cfgs]
+    out: Dict[str, dict] = {n: {} for n in names}
+    async with serving(cfgs, args, base, slow=False) as (client, apps):
+        for c in args.concurrency:
+            n = args.requests if c > 1 else max(50, args.requests // 4)
+            per = max(1, n // args.slices)
+            slices: Dict[str, List[dict]] = {name: [] for name in names}
+            for k in range(args.slices):
+                for name in slice_order(names, k):
+                    app_name, url = apps[name]
+                    slices[name].append(await measure(client, url, app_name, per, c, f"{name}-{k}", 1))
+            for name in names:
+                out[name][c] = summarise(slices[name])
+        for name in names:
+            out[name]["counters"] = await ingress_counters(apps[name][0])
+            if name in args.profile:
+                out[name]["profile"] = await profile_ingress(client, apps[name][1], apps[name][0], args, name)
     return out
 
 
 async def run_grant_check(cfg: dict, args, base: str) -> dict:
     """One configuration with engines that are the bottleneck (SP-P has to hold; over-capacity
     arrivals would show double grants), deployed alone."""
-    import httpx
-    from ray import serve
-
-    from ray_geolb.serve.app import deploy_region_apps
-
-    a = build(cfg, args, slow=True)[0]
-    deploy_region_apps([a])
-    url = f"{base}{a.route_prefix}/v1/chat/completions"
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    try:
-        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as client:
-            await wait_ready(client, url)
-            await load(client, url, args.warmup, 8, "warm-up")
-            res = await measure(client, url, a.name, args.grant_requests, 32, cfg["name"], args.grant_output_tokens)
-            return summarise([res])
-    finally:
-        serve.delete(a.name)
+    async with serving([cfg], args, base, slow=True) as (client, apps):
+        app_name, url = apps[cfg["name"]]
+        res = await measure(client, url, app_name, args.grant_requests, 32, cfg["name"], args.grant_output_tokens)
+    return summarise([res])
 
 
 async def profile_ingress(client, url: str, app_name: str, args, tag: str) -> str:
