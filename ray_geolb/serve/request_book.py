@@ -294,6 +294,7 @@ class RequestBook:
 
     def _keep_done_first(self, iid: str, replica_uid: str, ent: Entry, picked: Optional[str]) -> None:
         now = time.monotonic()
+        ent.pr = ent.wake = None  # forgotten: only its request and decision are read again, not Ray's call
         kept = self._done_first
         kept.pop(iid, None)
         kept[iid] = (ent, picked, replica_uid, now)

@@ -90,6 +90,7 @@ def test_a_rejected_send_that_is_never_routed_leaves_nothing(monkeypatch):
         r.on_request_completed(reps[0].replica_id, "i0")  # rejected: no routed call follows
         assert r.policy.tracker.outstanding("a") == 0 and "i0" not in r.book.entries
         assert len(r.book._done_first) == 1
+        assert r.book._done_first["i0"][0].pr is None  # Ray's call (its arguments) is not kept alive
         now[0] += request_book._DONE_FIRST_KEEP_S + 1
         r._choose(reps, pr1)
         r.on_request_completed(reps[0].replica_id, "i1")
