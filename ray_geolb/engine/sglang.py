@@ -61,7 +61,7 @@ from typing import Optional
 from .admission import max_new as _max_new
 from .admission import max_req_len as _max_req_len
 from .admission import sglang_reservation
-from .engine import _DONE, _RUNNING, _WAITING, EngineModel, StepOutput
+from .engine import _DONE, _RUNNING, _WAITING, EngineModel, RequestTiming, StepOutput
 
 __all__ = ["SGLangEngineModel", "sglang_reservation"]
 
@@ -245,6 +245,9 @@ class SGLangEngineModel(EngineModel):
         if not s.resumed:
             self._q_tokens += s.prompt
             self._hit_tokens += hits * self._B
+        if s.sched_ts < 0.0:
+            s.sched_ts = self._now
+            s.uncached = s.prompt - hits * self._B
         s.status = _RUNNING
         s.sched = n
 
@@ -282,7 +285,15 @@ class SGLangEngineModel(EngineModel):
             self._batch_full = False  # the merge saw the prefill batch shrink (scheduler.py:1309-1311)
         self._num_steps += 1
         dur = self._base + self._p_pre * prefill + self._p_ctx * ctx
-        return StepOutput(dur, first, tokens, finished, [], prefill, 0)
+        self._busy_s += dur
+        self._work_prefill += prefill
+        timings = []
+        if first:
+            t_first = self._now + dur
+            reqs = {s.id: s for s in batch}
+            timings = [RequestTiming(i, reqs[i].uncached, max(0.0, reqs[i].sched_ts - reqs[i].ready),
+                                     t_first - reqs[i].sched_ts) for i in first]
+        return StepOutput(dur, first, tokens, finished, [], prefill, 0, timings)
 
     def _run_decode(self) -> StepOutput:
         """``update_running_batch``: clear ``batch_is_full`` if the batch shrank, check decode memory
