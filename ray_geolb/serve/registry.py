@@ -24,7 +24,10 @@
 Memory is bounded: at most ``max_regions`` regions, ``max_sources_per_region`` sources each (oldest
 dropped), ``max_snapshot_nodes`` per snapshot, and a region not heard from for ``drop_after_s`` is
 forgotten. Ages, not timestamps, are returned (``age_s`` on the registry's clock), so clock skew
-between nodes does not matter.
+between nodes does not matter. An age counts from when the source measured its figures: a heartbeat
+declares its one-way delay to the registry (``delay_s``, half the sender's last registry round trip), and
+the reader subtracts its own leg back (``RegistryClient``: the table's ``made_at`` for
+``peer_states_from_table``).
 
 :class:`RegionRegistry` is the Ray actor around it: detached, named, ``max_restarts=-1``,
 ``num_cpus=0`` (:func:`get_or_create_registry`). It is *stateless-restartable*: after a restart it is
@@ -74,6 +77,8 @@ MAX_EXTRA_KEY_LEN = 64
 #: Each ingress replica has its own router (its own queue and in-flight requests) over the same
 #: replicas: queues and in-flight counts add up, the replica count does not.
 EXTRA_AGG = {"queued_tokens": "sum", "inflight": "sum", "replicas": "max"}
+#: the largest one-way delay a heartbeat may declare (``delay_s``): a registry call times out long before
+MAX_DELAY_S = 10.0
 
 
 def validate_extra(extra, what: str = "heartbeat.extra") -> Dict[str, float]:
@@ -158,6 +163,9 @@ class RegistryState:
         """Apply a batch of heartbeats; return the table (so one call both reports and reads).
 
         An item: ``{"region", "source", "available_replicas", "queue_len"}`` plus optional
+        ``"delay_s"`` (the sender's estimate of this heartbeat's one-way delay to the registry, half its
+        last registry round trip, at most :data:`MAX_DELAY_S`: the figures are dated that much before they
+        arrived, so a table's ``age_s`` is the age of the measurement, not of the registry's receipt),
         ``"rtts": {peer: seconds}``, ``"extra": {name: number >= 0}`` (the region layer's cost inputs:
         queued_tokens, inflight, t_p_s, replicas; see :func:`validate_extra`) and
         ``"snapshot": PrefixIndex.snapshot()`` (+ ``"snapshot_version"``).
@@ -224,6 +232,11 @@ class RegistryState:
         clean_rtts = {peer: float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
                       for peer, v in rtts.items() if isinstance(peer, str) and peer != region}
         extra = validate_extra(item.get("extra"))
+        delay = item.get("delay_s")
+        if delay is not None:
+            delay = _finite_nonneg(delay, "heartbeat.delay_s")
+            if delay > MAX_DELAY_S:
+                raise ValueError(f"heartbeat.delay_s must be at most {MAX_DELAY_S:g} s, got {delay!r}")
         # validated: now mutate
         if region not in self._sources and len(self._sources) >= self.max_regions:
             oldest = min(self._sources, key=lambda r: max(s["t"] for s in self._sources[r].values()))
@@ -231,7 +244,8 @@ class RegistryState:
         srcs = self._sources.setdefault(region, {})
         if source not in srcs and len(srcs) >= self.max_sources:
             del srcs[min(srcs, key=lambda s: srcs[s]["t"])]
-        srcs[source] = {"available_replicas": avail, "queue_len": qlen, "t": now, "extra": extra}
+        # "t": when the source measured these figures, on this clock (its heartbeat's delay_s back from now)
+        srcs[source] = {"available_replicas": avail, "queue_len": qlen, "t": now - (delay or 0.0), "extra": extra}
         if clean_rtts:
             mine = self._rtts.setdefault(region, {})
             mine.update(clean_rtts)

@@ -4,7 +4,8 @@
 heartbeat (plus RTTs and, when changed, the snapshot) in one batched call and gets the peer table back
 in the reply, every ``period_s``. Nothing on the request path ever waits for it. Every call has a
 timeout; while the registry is unreachable the last table is kept, and its entries age (their
-timestamps are "when we heard it", minus the age the registry reported), so after
+timestamps are when the peer measured them: when the table was made, minus the age the registry
+reported, which counts from the measurement -- see ``heartbeat_batch``'s ``delay_s``), so after
 ``TwoLayerConfig.peer_stale_s`` every peer is stale and the region routes locally -- degraded, never
 stopped. After ``reresolve_after`` failed calls the client re-resolves the named actor (creating it
 again if it is gone for good).
@@ -21,6 +22,7 @@ from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.registry import (
     DEFAULT_NAME,
     DEFAULT_NAMESPACE,
+    MAX_DELAY_S,
     SECRET_ENV,
     get_or_create_registry,
     logger,
@@ -36,7 +38,10 @@ class RegistryClient:
     ``provider()`` returns this source's heartbeat fields: ``available_replicas``, ``queue_len`` and
     optionally ``rtts`` ({peer: seconds}) and ``snapshot`` / ``snapshot_version`` (send them only when
     changed). ``on_table(table, received_at)`` is called with each table, ``received_at`` on this
-    policy clock (``serve/clock.py``: wall time, the clock the ingress prices peers' ages on).
+    policy clock (``serve/clock.py``: wall time, the clock the ingress prices peers' ages on): when the
+    registry made the table, i.e. its arrival less half the call's round trip. Each heartbeat after the
+    first declares that half round trip as its ``delay_s``, so the registry dates its figures to when
+    they were measured (``RegistryState.heartbeat_batch``).
     """
 
     def __init__(
@@ -81,6 +86,10 @@ class RegistryClient:
         self.successes = 0
         self.resolves = 0
         self.last_error: Optional[str] = None
+        self.last_call_s = 0.0  # the last registry call's round trip (resolution left out)
+        #: the one-way delay to the registry this source declares in its heartbeats (``delay_s``): half
+        #: its last heartbeat's round trip; None until one succeeded
+        self.delay_s: Optional[float] = None
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -128,12 +137,16 @@ class RegistryClient:
         return handle
 
     async def call(self, method: str, *args):
-        """One registry call with a timeout (resolving the actor first if needed)."""
+        """One registry call with a timeout (resolving the actor first if needed). ``last_call_s`` is then
+        the call's round trip, resolution left out."""
         if self._handle is None:
             self._handle = await self._resolve()
+        t0 = self._clock()
         ref = getattr(self._handle, method).remote(*args)
         try:
-            return await asyncio.wait_for(ref, self.timeout_s)
+            out = await asyncio.wait_for(ref, self.timeout_s)
+            self.last_call_s = max(0.0, self._clock() - t0)
+            return out
         except asyncio.TimeoutError:
             import ray
 
@@ -148,6 +161,8 @@ class RegistryClient:
             hb.setdefault("source", self.source)
             if self._token:
                 hb["token"] = self._token
+            if self.delay_s is not None:
+                hb.setdefault("delay_s", self.delay_s)
             table = await self.call("heartbeat_batch", [hb])
         except asyncio.CancelledError:
             raise
@@ -166,8 +181,11 @@ class RegistryClient:
         self.consecutive_failures = 0
         self.last_ok = received
         self.last_table = table
+        # each leg is taken as half the round trip: the next heartbeat declares it, and this table was
+        # made that long before it arrived
+        self.delay_s = min(MAX_DELAY_S, self.last_call_s / 2.0)
         try:
-            self.on_table(table, received)
+            self.on_table(table, received - self.delay_s)
         except Exception:  # noqa: BLE001
             logger.exception("on_table callback failed")
         return True
@@ -189,10 +207,12 @@ class RegistryClient:
             return None
 
 
-def peer_states_from_table(table: dict, received_at: float, own_region: str):
-    """``PeerState`` objects for every other region of a registry table.
+def peer_states_from_table(table: dict, made_at: float, own_region: str):
+    """``PeerState`` objects for every other region of a registry table made at ``made_at`` on the
+    caller's clock (the table's arrival less its way back, half the caller's registry round trip).
 
-    ``timestamp`` = ``received_at - age_s`` on the caller's clock; ``rtt_s`` = what *this* region
+    ``timestamp`` = ``made_at - age_s``: when the peer measured its figures (``age_s`` counts from there
+    when its heartbeat declared its delay to the registry, ``delay_s``); ``rtt_s`` = what *this* region
     measured to the peer (``rtts[own][peer]``), else the peer's measurement back, else None;
     ``prefix_summary`` = the peer's hash-only prefix summary (``prefix_summaries[peer]``), else None.
     """
@@ -219,7 +239,8 @@ def peer_states_from_table(table: dict, received_at: float, own_region: str):
                 ex["replicas"] = int(ex["replicas"])  # the cost selector reads it as a count
             extra.update(ex)
         out.append(PeerState(region=region, available_replicas=int(e["available_replicas"]),
-                             queue_len=int(e["queue_len"]), timestamp=received_at - float(e["age_s"]),
+                             queue_len=int(e["queue_len"]),
+                             timestamp=made_at - float(e["age_s"]),
                              rtt_s=rtt, extra=extra, prefix_summary=_summary(table, region)))
     return out
 

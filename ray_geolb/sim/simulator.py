@@ -37,7 +37,9 @@ What is simulated
   ``extra``: queued prompt tokens, replica count, in-flight requests, t_p) to one
   :class:`~ray_geolb.serve.registry.RegistryState` in ``DeploymentSpec.registry_region()``, one
   one-way delay away; the registry answers with the peer table, which arrives one one-way delay later
-  and becomes the router's ``PeerState``s (``peer_states_from_table``: ages as the registry saw them;
+  and becomes the router's ``PeerState``s (``peer_states_from_table``: ages from when each peer measured
+  its figures -- each heartbeat declares half its LB's last registry round trip as ``delay_s``, and the
+  table is dated half the round trip before it arrived, as ``RegistryClient`` does;
   ``rtt_s`` = what this region measured to the peer, else the peer's measurement). The next tick is
   one period after the last one began, or at the answer if that is later. GeoPrefix's heartbeat also
   carries the region's hash-only prefix summary (``RegionRouter.prefix_summary``, wire form
@@ -119,7 +121,7 @@ from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
 from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
-from ray_geolb.serve.registry import RegistryState
+from ray_geolb.serve.registry import MAX_DELAY_S, RegistryState
 from ray_geolb.serve.registry_client import peer_states_from_table
 
 from .deploy import DeploymentSpec
@@ -234,7 +236,7 @@ def _prompt_tokens(req: "_Req") -> int:
 
 
 class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "ingress")
+    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "ingress", "reg_delay")
 
     def __init__(self, name, region, router, ingress=False):
         self.name = name
@@ -245,6 +247,8 @@ class _LB:
         self.peers: List["_LB"] = []
         #: deployed as the Serve ingress (DeploymentSpec.settings: queue rules, bounds); False: a central LB
         self.ingress = ingress
+        #: half its last registry round trip, the one-way delay its heartbeats declare (RegistryClient.delay_s)
+        self.reg_delay: Optional[float] = None
 
 
 class _Run:
@@ -863,6 +867,8 @@ class Simulator:
         ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queue.tokens))
         hb = {"region": lb.region, "source": lb.region, "available_replicas": ps.available_replicas,
               "queue_len": ps.queue_len, "rtts": lb.router.measured_rtts()}
+        if lb.reg_delay is not None:
+            hb["delay_s"] = lb.reg_delay
         if ps.extra:
             hb["extra"] = dict(ps.extra)
         summary = None
@@ -898,7 +904,8 @@ class Simulator:
         table, t0, summaries = item
         now = self.now
         router = lb.router
-        for ps in peer_states_from_table(table, now, lb.region):
+        lb.reg_delay = min(MAX_DELAY_S, (now - t0) / 2.0)  # as RegistryClient.tick: each leg half the round trip
+        for ps in peer_states_from_table(table, now - lb.reg_delay, lb.region):
             if ps.region in router.peers:
                 if summaries:
                     ps.prefix_summary = summaries.get(ps.region)

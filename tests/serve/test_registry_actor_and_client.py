@@ -129,6 +129,28 @@ def test_bad_extras_reject_the_heartbeat_with_a_clear_error(extra, needle):
     assert len(t["errors"]) == 1 and needle in t["errors"][0] and "heartbeat.extra" in t["errors"][0]
 
 
+def test_a_heartbeat_is_dated_by_the_delay_it_declares():
+    """``delay_s`` (half the sender's registry round trip) dates the figures to when they were measured, so
+    a table's ``age_s`` and a reader's ``PeerState.timestamp`` are the measurement's, not the receipt's."""
+    clk = FakeClock()
+    clk.t = 10.0
+    st = RegistryState(clock=clk)
+    t = st.heartbeat_batch([dict(hb("au", 2), delay_s=0.15), hb("eu", 1)])
+    assert t["regions"]["au"]["age_s"] == pytest.approx(0.15)
+    assert t["regions"]["eu"]["age_s"] == pytest.approx(0.0)  # no delay declared: dated at its receipt
+    # the table reaches "us" 0.1 s after it was made: the caller passes when it was made (RegistryClient)
+    peers = {p.region: p for p in peer_states_from_table(t, made_at=10.0, own_region="us")}
+    assert peers["au"].timestamp == pytest.approx(9.85) and peers["eu"].timestamp == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("delay", [-0.1, float("nan"), float("inf"), 10.5, "0.1", True])
+def test_a_bad_declared_delay_rejects_the_heartbeat_with_a_clear_error(delay):
+    st = RegistryState(clock=FakeClock())
+    t = st.heartbeat_batch([dict(hb("us", 1), delay_s=delay), hb("eu", 1)])
+    assert set(t["regions"]) == {"eu"} and st.rejected == 1
+    assert len(t["errors"]) == 1 and "heartbeat.delay_s" in t["errors"][0]
+
+
 def test_peer_states_ignore_a_malformed_table_extra():
     table = {"regions": {"us": {"available_replicas": 1, "queue_len": 0, "age_s": 0.0, "sources": 1,
                                 "extra": {"inflight": -3}}}, "rtts": {}}
@@ -158,7 +180,7 @@ def test_rtts_stored_and_peer_states_use_own_measurement():
     st.heartbeat_batch([hb("us", 1, rtts={"eu": 0.1, "asia": 0.17}), hb("eu", 2, rtts={"us": 0.12})])
     clk.t += 0.5
     t = st.table()
-    peers = {p.region: p for p in peer_states_from_table(t, received_at=50.0, own_region="us")}
+    peers = {p.region: p for p in peer_states_from_table(t, made_at=50.0, own_region="us")}
     assert set(peers) == {"eu"}
     assert peers["eu"].rtt_s == pytest.approx(0.1)
     assert peers["eu"].timestamp == pytest.approx(49.5)
@@ -415,6 +437,10 @@ def test_client_survives_registry_restart_and_goes_stale(ray_local):
         eu.start()
         await asyncio.sleep(1.0)
         assert us.connected and "eu" in us.last_table["regions"]
+        # each leg is taken as half the round trip: declared by the next heartbeat, and the table is dated
+        # that long before it arrived
+        assert us.delay_s == pytest.approx(us.last_call_s / 2) and 0 < us.delay_s < 0.5
+        assert tables[-1][1] == pytest.approx(us.last_ok - us.delay_s)
         before = us.successes
         ray.kill(actor, no_restart=False)  # Ray restarts it, empty
         t_kill = time.monotonic()

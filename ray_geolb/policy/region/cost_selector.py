@@ -30,8 +30,8 @@ The remote queue ``W(p)`` is what distinguishes the two presets:
   ``W(p) = t_p(p) · (Q_p + Q_fwd) · (1 + age/staleness_scale_s) / R_p`` — ``Q_p`` the tokens queued at
   the peer, its LB's queue and its engines' backlog (``extra["queued_tokens"]``, see
   :meth:`CostSelector.heartbeat_extra`; else ``queue_len ×`` mean prompt), ``Q_fwd`` the prompt
-  tokens this LB forwarded there that the heartbeat cannot have seen (sent after its timestamp less
-  one RTT: :meth:`CostSelector.unreflected_since`) beyond the first ``available_replicas`` of
+  tokens this LB forwarded there that the heartbeat cannot have seen (sent after its measurement less
+  half an RTT: :meth:`CostSelector.unreflected_since`) beyond the first ``available_replicas`` of
   them (those went to the replicas the heartbeat reported free), ``R_p`` its replica count
   (``extra["replicas"]``, else ``available_replicas``), and the factor inflates an old report (a
   queue seen ``age`` seconds ago has had time to grow). Matches are discounted by their own age
@@ -258,13 +258,13 @@ class CostSelector(PeerSelector):
 
     def unreflected_since(self, router, region: str) -> float:
         """The forwards to ``region`` sent after this time may be missing from its state: the state's
-        ``timestamp`` is when the registry received it (age_s from the registry, on this LB's clock),
-        so the peer measured it a registry leg earlier, and a forward counts there only once it has
-        arrived, half an RTT after it was sent. One RTT to the peer covers both legs when the registry
-        is on the way (it is exact for the home region's LB, the registry's own). Without it a burst's
-        forwards drop out of the price at the peer's next heartbeat although its heartbeat predates
-        them: the LB then saw an idle far peer and sent it a second burst (``network-hard``, t = 0.3 s)."""
-        return router.peers[region].timestamp - self.rtt_of(router, region)
+        ``timestamp`` is when the peer measured it (the registry dates a heartbeat by the delay it
+        declares, and the reader subtracts its own leg back: ``serve/registry.py``), and a forward counts
+        there only once it has arrived, half an RTT after it was sent. Without it a burst's forwards
+        drop out of the price at the peer's next heartbeat although that heartbeat was measured before
+        they arrived: the LB then saw an idle far peer and sent it a second burst (``network-hard``,
+        t = 0.3 s)."""
+        return router.peers[region].timestamp - 0.5 * self.rtt_of(router, region)
 
     def _unseen_forwards(self, router, region: str) -> List[int]:
         """Prompt tokens of the forwards to ``region`` its state cannot have seen (sent after

@@ -169,8 +169,8 @@ class PeerMesh:
                 continue
         return None
 
-    def _on_table(self, table: dict, received_at: float) -> None:
-        for ps in peer_states_from_table(table, received_at, self.region):
+    def _on_table(self, table: dict, made_at: float) -> None:
+        for ps in peer_states_from_table(table, made_at, self.region):
             if ps.region in self.cfg.peers:
                 self.router.update_peer(ps)
                 if self.circuit_open(ps.region):

@@ -15,24 +15,25 @@ def _us():
     return r
 
 
-def test_forwards_sent_within_one_rtt_before_the_state_still_count():
-    """A state's timestamp is when the registry received it: the peer measured it a leg earlier, and a
-    forward reaches the peer half an RTT after it is sent. Forwards sent less than one RTT before the
-    timestamp are counted; older ones are taken as seen by the report."""
+def test_forwards_that_had_not_reached_the_peer_when_it_measured_still_count():
+    """A state's timestamp is when the peer measured it (the registry dates a heartbeat by the delay it
+    declares; ``tests/serve/test_registry_actor_and_client.py``), and a forward reaches the peer half an
+    RTT after it is sent. Forwards sent less than half an RTT before the timestamp are counted; older
+    ones are taken as seen by the report."""
     r = _us()
     req = rq(0, "q" * 4000)
     r.update_peer(PeerState("au", 2, 0, 0.0, rtt_s=0.2, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
     for i in range(4):  # a burst at t = 1.0: two take the free replicas, two queue (1,000 tokens each)
         r.on_forward(rq(10 + i, "f" * 4000), "au", 1.0)
     assert r.selector.remote_wait(r, req, "au", 1.0) == pytest.approx(TP * 2000 / 2)
-    # the peer's next state reached the registry at 1.1, measured before the burst arrived (1.1 < 1.0 + RTT)
-    r.update_peer(PeerState("au", 2, 0, 1.1, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
-    assert r.selector.unreflected_since(r, "au") == pytest.approx(0.9)
-    assert r.selector.remote_wait(r, req, "au", 1.1) == pytest.approx(TP * 2000 / 2)
+    # the peer measured its next state at 1.05, before the burst arrived (1.0 + RTT/2 = 1.1)
+    r.update_peer(PeerState("au", 2, 0, 1.05, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
+    assert r.selector.unreflected_since(r, "au") == pytest.approx(0.95)
+    assert r.selector.remote_wait(r, req, "au", 1.05) == pytest.approx(TP * 2000 / 2)
     assert r.selector.peer_inflight(r, "au") == pytest.approx(4 / 2)
-    # one that reached the registry a full RTT after the burst has seen it: the report's own figures rule
-    r.update_peer(PeerState("au", 2, 0, 1.25, extra={"queued_tokens": 0, "replicas": 2, "inflight": 4}))
-    assert r.selector.remote_wait(r, req, "au", 1.25) == 0
+    # one measured after the burst arrived has seen it: the report's own figures rule
+    r.update_peer(PeerState("au", 2, 0, 1.12, extra={"queued_tokens": 0, "replicas": 2, "inflight": 4}))
+    assert r.selector.remote_wait(r, req, "au", 1.12) == 0
     assert r.selector.peer_inflight(r, "au") == pytest.approx(4 / 2)
 
 
