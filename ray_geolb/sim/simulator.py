@@ -44,8 +44,9 @@ What is simulated
   one period after the last one began, or at the answer if that is later. GeoPrefix's heartbeat also
   carries the region's hash-only prefix summary (``RegionRouter.prefix_summary``, wire form
   ``PrefixSummary.to_wire``; counters ``prefix_summaries`` / ``prefix_summary_bytes`` /
-  ``prefix_summary_bytes_max``): the simulator relays it beside the registry on the same legs
-  (the Serve registry's table does not carry it yet) into ``PeerState.prefix_summary``.
+  ``prefix_summary_bytes_max``): the Serve registry relays it in its table (``prefix_summaries``); the
+  simulator keeps each region's last one beside the registry and hands it out with the table, on the
+  same legs, into ``PeerState.prefix_summary``.
 * **RTT probes** (Serve's ``PeerMesh._probe_loop``): each LB pings its peers one after another (a
   reply comes back one RTT later and goes to ``RegionRouter.observe_rtt``, the router's one RTT
   estimate, an EWMA the 'cost' selector reads), then pauses ``rtt_probe_period_s``.
@@ -883,9 +884,9 @@ class Simulator:
 
     def _on_reg_arrive(self, lb: _LB, item):
         """The heartbeat reaches the registry. A prefix summary (``RegionRouter.prefix_summary``) rides with
-        it: the Serve registry's table does not relay one yet, so the simulator keeps each region's last
-        summary beside the registry (parsed by ``PrefixSummary.from_wire``, as a receiving ingress would) and
-        hands it out with the table, on the same legs and delays as the heartbeat."""
+        it: the Serve registry relays it in its table (``prefix_summaries``); the simulator keeps each
+        region's last summary beside the registry (parsed by ``PrefixSummary.from_wire``, as a receiving
+        ingress would) and hands it out with the table, on the same legs and delays as the heartbeat."""
         hb, t0, summary = item
         table = self.registry.heartbeat_batch([hb])
         if "errors" in table:
