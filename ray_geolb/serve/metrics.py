@@ -59,7 +59,8 @@ METRICS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
     "geolb_ingress_queue": ("gauge", (), "requests waiting at the ingress (admission queue)"),
     "geolb_peer_rtt_seconds": ("gauge", ("peer",), "measured round-trip time to a peer region's ingress"),
     "geolb_peer_available_replicas": ("gauge", ("peer",), "a peer region's available replicas, as last heard"),
-    "geolb_peer_age_seconds": ("gauge", ("peer",), "age of the last state heard from a peer region"),
+    "geolb_peer_age_seconds": ("gauge", ("peer",), "age of the last state heard from a peer region, from when "
+                                                       "the peer measured it"),
     "geolb_registry_heartbeat_age_seconds": ("gauge", (), "time since the registry last answered a heartbeat"),
 }
 
