@@ -37,9 +37,9 @@ class RegistryClient:
 
     ``provider()`` returns this source's heartbeat fields: ``available_replicas``, ``queue_len`` and
     optionally ``rtts`` ({peer: seconds}) and ``snapshot`` / ``snapshot_version`` (send them only when
-    changed). ``on_table(table, received_at)`` is called with each table, ``received_at`` on this
-    policy clock (``serve/clock.py``: wall time, the clock the ingress prices peers' ages on): when the
-    registry made the table, i.e. its arrival less half the call's round trip. Each heartbeat after the
+    changed). ``on_table(table, made_at)`` is called with each table, ``made_at`` on this policy clock
+    (``serve/clock.py``: wall time, the clock the ingress prices peers' ages on): when the registry made
+    the table, i.e. its arrival less half the call's round trip. Each heartbeat after the
     first declares that half round trip as its ``delay_s``, so the registry dates its figures to when
     they were measured (``RegistryState.heartbeat_batch``).
     """
