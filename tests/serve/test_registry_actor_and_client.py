@@ -451,7 +451,6 @@ def test_client_survives_registry_restart_and_goes_stale(ray_local):
                 break
             assert time.monotonic() - t_kill < 30, f"registry state not rebuilt: {us.status()}"
         assert us.last_table["rtts"]["eu"]["us"] == pytest.approx(0.1)  # rebuilt from heartbeats
-        assert us.failures >= 0  # (a kill may or may not land on an in-flight call)
         # Now kill it for good: the client keeps the last table, which ages.
         ray.kill(actor, no_restart=True)
         await asyncio.sleep(0.1)
