@@ -189,7 +189,7 @@ def test_tp_regression_in_the_simulator_converges_to_the_profile_prefill_slope(s
         assert tp == pytest.approx(prof.prefill_per_token_s + prof.attn_per_ctx_token_s, rel=0.02)
 
 
-@pytest.mark.parametrize("profile", ["llama3.1-8b-l4", "llama3.1-8b-h100", "mistral-7b-a100"])
+@pytest.mark.parametrize("profile", ["llama3.1-8b-l4", "llama3.1-8b-l4-sglang", "llama3.1-8b-h100", "mistral-7b-a100"])
 def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_does_not(profile):
     """Issue 13 item 3: 120 clients on 2 replicas behind SP-P, so most of each TTFT is queueing. GeoPrefix's
     step-work fit (the default, ``ttft.source='engine_steps'``) lands within 10 % of the profile's prefill
