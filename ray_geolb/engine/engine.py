@@ -546,12 +546,14 @@ class EngineModel:
         self._busy_s += dur
         self._work_prefill += prefill
         self._work_decode += decodes
-        timings = []
-        if first_seqs:
-            t_first = self._now + dur
-            timings = [RequestTiming(s.id, s.uncached, max(0.0, s.sched_ts - s.ready), t_first - s.sched_ts)
-                       for s in first_seqs]
-        return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes, timings)
+        return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes,
+                          self._first_timings(first_seqs, self._now + dur))
+
+    @staticmethod
+    def _first_timings(first_seqs: list, t_first: float) -> list:
+        """One ``RequestTiming`` per request whose first token this step produced (done at ``t_first``)."""
+        return [RequestTiming(s.id, s.uncached, max(0.0, s.sched_ts - s.ready), t_first - s.sched_ts)
+                for s in first_seqs]
 
     def _decode_step(self, running: list) -> StepOutput:
         """One iteration when every running request decodes and nothing waits (the common case).

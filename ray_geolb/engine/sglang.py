@@ -61,7 +61,7 @@ from typing import Optional
 from .admission import max_new as _max_new
 from .admission import max_req_len as _max_req_len
 from .admission import sglang_reservation
-from .engine import _DONE, _RUNNING, _WAITING, EngineModel, RequestTiming, StepOutput
+from .engine import _DONE, _RUNNING, _WAITING, EngineModel, StepOutput
 
 __all__ = ["SGLangEngineModel", "sglang_reservation"]
 
@@ -255,7 +255,7 @@ class SGLangEngineModel(EngineModel):
         """A prefill-only step: prompts advance by their ``sched`` tokens; a finished prompt samples its
         token and joins the running batch (or finishes); the unfinished one stays the chunked request."""
         prefill = ctx = 0
-        first, tokens, finished = [], [], []
+        first, first_seqs, tokens, finished = [], [], [], []
         running = self._running
         for s in batch:
             n = s.sched
@@ -273,6 +273,7 @@ class SGLangEngineModel(EngineModel):
             tokens.append(s.id)
             if o == 1:
                 first.append(s.id)
+                first_seqs.append(s)
             if o >= s.max_out:
                 finished.append(s.id)
                 s.status = _DONE
@@ -287,13 +288,8 @@ class SGLangEngineModel(EngineModel):
         dur = self._base + self._p_pre * prefill + self._p_ctx * ctx
         self._busy_s += dur
         self._work_prefill += prefill
-        timings = []
-        if first:
-            t_first = self._now + dur
-            reqs = {s.id: s for s in batch}
-            timings = [RequestTiming(i, reqs[i].uncached, max(0.0, reqs[i].sched_ts - reqs[i].ready),
-                                     t_first - reqs[i].sched_ts) for i in first]
-        return StepOutput(dur, first, tokens, finished, [], prefill, 0, timings)
+        return StepOutput(dur, first, tokens, finished, [], prefill, 0,
+                          self._first_timings(first_seqs, self._now + dur))
 
     def _run_decode(self) -> StepOutput:
         """``update_running_batch``: clear ``batch_is_full`` if the batch shrank, check decode memory
