@@ -57,6 +57,8 @@ __all__ = [
     "RegistryState",
     "RegionRegistry",  # noqa: F822 - built lazily by __getattr__ (importing this module must not import ray)
     "get_or_create_registry",
+    "MAX_DELAY_S",
+    "registry_leg",
     "SECRET_ENV",
     "trim_snapshot",
     "validate_extra",
@@ -79,6 +81,13 @@ MAX_EXTRA_KEY_LEN = 64
 EXTRA_AGG = {"queued_tokens": "sum", "inflight": "sum", "replicas": "max"}
 #: the largest one-way delay a heartbeat may declare (``delay_s``): a registry call times out long before
 MAX_DELAY_S = 10.0
+
+
+def registry_leg(round_trip_s: float) -> float:
+    """A client's one-way delay to the registry from its last call's round trip: half of it (capped at
+    :data:`MAX_DELAY_S`). Its next heartbeat declares it as ``delay_s``, and the table that call returned
+    was made that long before it arrived (``RegistryClient``; the simulator's LB alike)."""
+    return min(MAX_DELAY_S, max(0.0, round_trip_s) / 2.0)
 
 
 def validate_extra(extra, what: str = "heartbeat.extra") -> Dict[str, float]:

@@ -22,10 +22,10 @@ from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.registry import (
     DEFAULT_NAME,
     DEFAULT_NAMESPACE,
-    MAX_DELAY_S,
     SECRET_ENV,
     get_or_create_registry,
     logger,
+    registry_leg,
     validate_extra,
 )
 
@@ -181,9 +181,7 @@ class RegistryClient:
         self.consecutive_failures = 0
         self.last_ok = received
         self.last_table = table
-        # each leg is taken as half the round trip: the next heartbeat declares it, and this table was
-        # made that long before it arrived
-        self.delay_s = min(MAX_DELAY_S, self.last_call_s / 2.0)
+        self.delay_s = registry_leg(self.last_call_s)
         try:
             self.on_table(table, received - self.delay_s)
         except Exception:  # noqa: BLE001

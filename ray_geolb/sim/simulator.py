@@ -122,7 +122,7 @@ from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
 from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
-from ray_geolb.serve.registry import MAX_DELAY_S, RegistryState
+from ray_geolb.serve.registry import RegistryState, registry_leg
 from ray_geolb.serve.registry_client import peer_states_from_table
 
 from .deploy import DeploymentSpec
@@ -905,7 +905,7 @@ class Simulator:
         table, t0, summaries = item
         now = self.now
         router = lb.router
-        lb.reg_delay = min(MAX_DELAY_S, (now - t0) / 2.0)  # as RegistryClient.tick: each leg half the round trip
+        lb.reg_delay = registry_leg(now - t0)  # as RegistryClient.tick
         for ps in peer_states_from_table(table, now - lb.reg_delay, lb.region):
             if ps.region in router.peers:
                 if summaries:
