@@ -44,9 +44,10 @@ What is simulated
   one period after the last one began, or at the answer if that is later. GeoPrefix's heartbeat also
   carries the region's hash-only prefix summary (``RegionRouter.prefix_summary``, wire form
   ``PrefixSummary.to_wire``; counters ``prefix_summaries`` / ``prefix_summary_bytes`` /
-  ``prefix_summary_bytes_max``): the Serve registry relays it in its table (``prefix_summaries``); the
-  simulator keeps each region's last one beside the registry and hands it out with the table, on the
-  same legs, into ``PeerState.prefix_summary``.
+  ``prefix_summary_bytes_max``) in the heartbeats the Serve ingress would put it in (``SummarySendRule``:
+  when it changed, and at least every 5 s); the registry keeps each region's last one and relays it in
+  every table (``prefix_summaries``), which ``peer_states_from_table`` parses into
+  ``PeerState.prefix_summary``, as in Serve.
 * **RTT probes** (Serve's ``PeerMesh._probe_loop``): each LB pings its peers one after another (a
   reply comes back one RTT later and goes to ``RegionRouter.observe_rtt``, the router's one RTT
   estimate, an EWMA the 'cost' selector reads), then pauses ``rtt_probe_period_s``.
@@ -120,7 +121,7 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
-from ray_geolb.policy.region.prefix_summary import PrefixSummary
+from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
 from ray_geolb.serve.registry import RegistryState, registry_leg
 from ray_geolb.serve.registry_client import peer_states_from_table
@@ -237,7 +238,7 @@ def _prompt_tokens(req: "_Req") -> int:
 
 
 class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "ingress", "reg_delay")
+    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "ingress", "reg_delay", "summary_rule")
 
     def __init__(self, name, region, router, ingress=False):
         self.name = name
@@ -250,6 +251,8 @@ class _LB:
         self.ingress = ingress
         #: half its last registry round trip, the one-way delay its heartbeats declare (RegistryClient.delay_s)
         self.reg_delay: Optional[float] = None
+        #: which of its heartbeats carry its prefix summary (Serve: PeerMesh.heartbeat, the same rule)
+        self.summary_rule = SummarySendRule()
 
 
 class _Run:
@@ -407,7 +410,6 @@ class Simulator:
         if self._forwarding:
             # the registry every LB heartbeats through (serve/registry.py's state, on the virtual clock)
             self.registry = RegistryState(clock=self._clock)
-            self._summaries: Dict[str, PrefixSummary] = {}  # region -> its last heartbeat's prefix summary
             self.registry_region = dep.registry_region()
             for lb in self.lbs.values():  # known but unheard: unavailable until a heartbeat says otherwise
                 for p in lb.peers:
@@ -872,44 +874,36 @@ class Simulator:
             hb["delay_s"] = lb.reg_delay
         if ps.extra:
             hb["extra"] = dict(ps.extra)
-        summary = None
-        if ps.prefix_summary is not None:  # travels beside the heartbeat, as the registry would relay it
-            summary = ps.prefix_summary.to_wire()
+        summary = lb.summary_rule.wire(ps.prefix_summary, now)  # as PeerMesh.heartbeat
+        if summary is not None:
+            hb["prefix_summary"] = summary
             c = self.c
             size = len(json.dumps(summary, separators=(",", ":")))
             c["prefix_summaries"] = c.get("prefix_summaries", 0) + 1
             c["prefix_summary_bytes"] = c.get("prefix_summary_bytes", 0) + size
             c["prefix_summary_bytes_max"] = max(c.get("prefix_summary_bytes_max", 0), size)
-        self._push(now + self._ow(lb.region, self.registry_region), _REG_ARRIVE, lb, (hb, now, summary))
+        self._push(now + self._ow(lb.region, self.registry_region), _REG_ARRIVE, lb, (hb, now))
 
     def _on_reg_arrive(self, lb: _LB, item):
-        """The heartbeat reaches the registry. A prefix summary (``RegionRouter.prefix_summary``) rides with
-        it: the Serve registry relays it in its table (``prefix_summaries``); the simulator keeps each
-        region's last summary beside the registry (parsed by ``PrefixSummary.from_wire``, as a receiving
-        ingress would) and hands it out with the table, on the same legs and delays as the heartbeat."""
-        hb, t0, summary = item
+        """The heartbeat reaches the registry, which applies it (a prefix summary in it replaces the
+        region's last one) and answers with the peer table (its ``prefix_summaries`` included), on the
+        same legs and delays as the heartbeat."""
+        hb, t0 = item
         table = self.registry.heartbeat_batch([hb])
         if "errors" in table:
             raise RuntimeError(f"registry refused {lb.name}'s heartbeat: {table['errors']}")
-        if summary is not None:
-            self._summaries[lb.region] = PrefixSummary.from_wire(summary)
-        else:
-            self._summaries.pop(lb.region, None)
-        summaries = dict(self._summaries) if self._summaries else None
-        self._push(self.now + self._ow(self.registry_region, lb.region), _REG_REPLY, lb, (table, t0, summaries))
+        self._push(self.now + self._ow(self.registry_region, lb.region), _REG_REPLY, lb, (table, t0))
 
     def _on_reg_reply(self, lb: _LB, item):
         """The peer table reaches the LB (Serve: ``PeerMesh._on_table``): every peer's state, its age as
         the registry saw it, the RTT this region measured to it (else the peer's), its prefix summary if
-        it sent one; then every waiting request is decided again (``kick_all``)."""
-        table, t0, summaries = item
+        the registry holds one; then every waiting request is decided again (``kick_all``)."""
+        table, t0 = item
         now = self.now
         router = lb.router
         lb.reg_delay = registry_leg(now - t0)  # as RegistryClient.tick
         for ps in peer_states_from_table(table, now - lb.reg_delay, lb.region):
             if ps.region in router.peers:
-                if summaries:
-                    ps.prefix_summary = summaries.get(ps.region)
                 router.update_peer(ps)
         if self.trace is not None:
             self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)

@@ -185,14 +185,27 @@ def test_simulate_cli_passes_the_region_mapping(tmp_path):
         _build_runs(args, sp)
 
 
-def test_simulator_relays_geoprefix_summaries_with_the_heartbeats():
+def test_simulator_relays_geoprefix_summaries_through_the_registry():
     from ray_geolb.policy.region.config import REGION_LAYER
+    from ray_geolb.sim.deploy import deployment_for
+    from ray_geolb.sim.scenarios import build_workload
+    from ray_geolb.sim.simulator import SimConfig, Simulator
 
     run = [r for r in scenario_runs("shared-context", scale=0.25, duration_s=10.0, seed=1, systems=["geoprefix"])
            if r["group"] == "rag"][0]
-    c = run_one(run)["counters"]
-    assert c["prefix_summaries"] == c["heartbeats"] > 0  # one per heartbeat, every region
+    sim = Simulator(build_workload(run["workload"]), deployment_for(run["system"], run["replicas"], **run["deploy"]),
+                    SimConfig(**run["sim"]))
+    c = sim.run().counters
+    # sent as the Serve ingress sends it (SummarySendRule): when it changed, so not with every heartbeat
+    assert 0 < c["prefix_summaries"] < c["heartbeats"]
     assert 0 < c["prefix_summary_bytes"] / c["prefix_summaries"] <= c["prefix_summary_bytes_max"] <= 3600
+    # the registry holds every region's last one, and each peer has one from a table: parsed off the wire
+    table = sim.registry.table()
+    assert sorted(table["prefix_summaries"]) == sorted(lb.region for lb in sim.lbs.values())
+    for lb in sim.lbs.values():
+        for peer in lb.peers:
+            got = lb.router.peers[peer.region].prefix_summary
+            assert got is not None and got.n > 0 and got is not peer.router.prefix_summary()
     off = REGION_LAYER.model_dump()["peer_selectors"]
     off["geoprefix"]["cost"]["peer_summary"] = False
     run["deploy"]["region_layer"] = {"peer_selectors": off}

@@ -44,13 +44,36 @@ import numpy as np
 
 from ..prefix_index import PrefixIndex
 
-__all__ = ["PrefixSummary", "MAX_WIRE_BITS", "WIRE_VERSION"]
+__all__ = ["PrefixSummary", "SummarySendRule", "MAX_WIRE_BITS", "SUMMARY_REFRESH_S", "WIRE_VERSION"]
 
 WIRE_VERSION = 1
 #: the largest filter :meth:`PrefixSummary.from_wire` accepts (bits): 64 KiB
 MAX_WIRE_BITS = 1 << 19
 _M32 = 0xFFFFFFFF
 _WIRE_KEYS = {"v", "geometry", "m", "k", "n", "bits"}
+#: a region's prefix summary is sent when it changed, and at least this often (a restarted registry)
+SUMMARY_REFRESH_S = 5.0
+
+
+class SummarySendRule:
+    """Which heartbeats carry this region's prefix summary: the first, each one after the summary
+    changed (:meth:`RegionRouter.prefix_summary` returns a new object only when the index changed),
+    and at least one every ``refresh_s`` (a restarted registry holds none). The registry keeps a
+    region's last summary until a newer one replaces it and relays it in every table
+    (``prefix_summaries``). The Serve ingress (``PeerMesh.heartbeat``) and the simulator's LB
+    (``Simulator._on_heartbeat``) both send by this rule, through the same registry code."""
+
+    def __init__(self, refresh_s: float = SUMMARY_REFRESH_S):
+        self.refresh_s = float(refresh_s)
+        self._sent = None  # the last PrefixSummary sent, and when
+        self._sent_at = float("-inf")
+
+    def wire(self, summary: "PrefixSummary | None", now: float):
+        """``summary.to_wire()`` if this heartbeat should carry it (and note it as sent), else None."""
+        if summary is None or (summary is self._sent and now - self._sent_at < self.refresh_s):
+            return None
+        self._sent, self._sent_at = summary, now
+        return summary.to_wire()
 
 
 @lru_cache(maxsize=16)

@@ -9,7 +9,8 @@ Background work only -- never on a request's path:
   inter-region latency and the sample goes to ``RegionRouter.observe_rtt`` -- the region layer's one
   RTT estimate, reported to the registry with the heartbeat and read back as ``PeerState.rtt_s``;
 * this region's hash-only prefix summary (``RegionRouter.prefix_summary``), with the heartbeat when it
-  changed (and every ``SUMMARY_REFRESH_S``); the peers' come back in the table as ``PeerState.prefix_summary``;
+  changed (and every ``SUMMARY_REFRESH_S``: ``SummarySendRule``, which the simulator sends by too); the peers'
+  come back in the table as ``PeerState.prefix_summary``;
 * the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry by
   bounded deltas (``snapshot_sync.py``: at most ``snapshot_max_rows`` rows per heartbeat) at most
   every ``snapshot_period_s`` after it changed, sent again whole (in chunks) when the registry does
@@ -34,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ray import serve
 
 from ray_geolb.policy.region import PeerState, RegionRouter
+from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.latency import LatencyInjector
 from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
@@ -46,8 +48,6 @@ logger = logging.getLogger("ray.serve")
 __all__ = ["PeerMesh"]
 
 PING_TIMEOUT_S = 5.0
-#: a region's prefix summary is sent when it changed, and at least this often (a restarted registry)
-SUMMARY_REFRESH_S = 5.0
 #: an unreachable peer's circuit stays open this long after its first failure, doubling per failure
 BREAKER_BACKOFF_S = 1.0
 BREAKER_MAX_S = 30.0
@@ -77,8 +77,7 @@ class PeerMesh:
         self._snapshot_dirty = False
         self._snapshot_sent_at = 0.0
         self.snapshot_writer = SnapshotWriter(cfg.snapshot_max_rows)
-        self._summary_sent = None  # the last PrefixSummary sent, and when
-        self._summary_sent_at = float("-inf")
+        self._summary_rule = SummarySendRule()  # which heartbeats carry this region's prefix summary
         self._tasks: List[asyncio.Task] = []
         self._open_until: Dict[str, float] = {}  # peer -> monotonic time its circuit closes again
         self._failures: Dict[str, int] = {}
@@ -144,11 +143,9 @@ class PeerMesh:
         if rep.get("extra"):
             hb["extra"] = rep["extra"]
         now = self._clock()
-        summary = self._prefix_summary()
-        if summary is not None and (summary is not self._summary_sent
-                                    or now - self._summary_sent_at >= SUMMARY_REFRESH_S):
-            hb["prefix_summary"] = summary.to_wire()
-            self._summary_sent, self._summary_sent_at = summary, now
+        summary = self._summary_rule.wire(self._prefix_summary(), now)
+        if summary is not None:
+            hb["prefix_summary"] = summary
         w = self.snapshot_writer
         if w.pending or (self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s):
             delta = w.delta(self.router.snapshot.snapshot())

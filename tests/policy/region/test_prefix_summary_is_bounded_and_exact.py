@@ -9,7 +9,7 @@ import random
 import pytest
 
 from ray_geolb.policy.prefix_index import PrefixIndex
-from ray_geolb.policy.region.prefix_summary import MAX_WIRE_BITS, PrefixSummary
+from ray_geolb.policy.region.prefix_summary import MAX_WIRE_BITS, PrefixSummary, SummarySendRule
 
 STATED_FPR = 0.0082  # the module docstring's bound at 10 bits per key, full load
 
@@ -119,3 +119,16 @@ def test_wire_round_trip_keeps_every_answer():
     assert (t.m, t.k, t.n, t.block_chars, t.growth) == (s.m, s.k, s.n, s.block_chars, s.growth)
     for p in prompts[-10:] + [_text(rng, 3000) for _ in range(10)]:
         assert t.match(p) == s.match(p)
+
+
+def test_a_summary_is_sent_first_when_it_changed_and_at_least_every_refresh():
+    idx, _, _ = _index(40)
+    a = PrefixSummary.build(idx, 256)
+    b = PrefixSummary.build(idx, 256)  # the same figures, a new object: the router rebuilt it (index changed)
+    rule = SummarySendRule(refresh_s=5.0)
+    assert rule.wire(None, 0.0) is None  # nothing to publish
+    assert rule.wire(a, 0.0) == a.to_wire()  # the first heartbeat carries it
+    assert rule.wire(a, 0.25) is None and rule.wire(a, 4.9) is None  # unchanged: not again
+    assert rule.wire(b, 5.0) == b.to_wire()  # changed
+    assert rule.wire(b, 9.9) is None
+    assert rule.wire(b, 10.0) == b.to_wire()  # unchanged for refresh_s: again (a restarted registry holds none)
