@@ -244,6 +244,57 @@ def verdict(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
     return "\n".join(head + rows) + "\n" + foot, data
 
 
+def _central_systems() -> List[str]:
+    """The deployable central LBs (one LB over every region's replicas), from the systems' recipes; the
+    oracle is evaluation only and is not one."""
+    from ray_geolb.sim.deploy import SYSTEMS as REGISTERED
+
+    return [n for n, rec in REGISTERED.items() if rec.lb_kind == "central" and n != ORACLE]
+
+
+def central_bar(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
+    """Issue 13's bar per group, on the means over the seeds: GeoPrefix's throughput >= the best central
+    LB's, its TTFT p99 <= the best central LB's (lowest p99) x 1.05, its TTFT p50 <= SkyLB's x 1.05. The
+    best central LB is taken per criterion (the highest throughput, the lowest p99), each at its defaults;
+    degenerate groups are marked and not counted."""
+    central = set(_central_systems())
+    rows, data = [], {}
+    for sc in scenarios:
+        for g in _groups(agg, sc):
+            ours = agg.get((sc, g, OURS))
+            cs = [(sy, a) for (s, gg, sy), a in agg.items() if s == sc and gg == g and sy in central]
+            if ours is None or not cs:
+                continue
+            why = degenerate(ours["replicas"])
+            thr_sys, thr_a = max(cs, key=lambda x: x[1]["throughput_rps"]["mean"] or 0.0)
+            p99_sys, p99_a = min(cs, key=lambda x: x[1]["ttft_p99_s"]["mean"] or math.inf)
+            sky = agg.get((sc, g, SKYLB))
+            t, t_best = ours["throughput_rps"]["mean"], thr_a["throughput_rps"]["mean"]
+            p99, p99_bar = ours["ttft_p99_s"]["mean"], p99_a["ttft_p99_s"]["mean"] * 1.05
+            p50 = ours["ttft_p50_s"]["mean"]
+            p50_bar = sky["ttft_p50_s"]["mean"] * 1.05 if sky is not None else None
+            met = {"throughput": t >= t_best, "p99": p99 <= p99_bar,
+                   "p50": None if p50_bar is None else p50 <= p50_bar}
+            data[f"{sc}/{g}"] = {"degenerate": why, "throughput": t, "best_central_throughput": [thr_sys, t_best],
+                                 "p99": p99, "p99_bar": [p99_sys, p99_bar], "p50": p50, "p50_bar": p50_bar,
+                                 "met": met}
+            yes = {True: "yes", False: "NO", None: "-"}
+            rows.append(f"| {sc} / {g} | {t:.2f} | {t_best:.2f} ({thr_sys}) | {t / t_best:.3f} | {p99:.2f} | "
+                        f"{p99_bar:.2f} ({p99_sys}) | {p50:.3f} | {_f(p50_bar, '{:.3f}')} | "
+                        + (f"degenerate ({why}): not counted |" if why else
+                           f"{yes[met['throughput']]} / {yes[met['p99']]} / {yes[met['p50']]} |"))
+    head = ["| scenario / group | GeoPrefix req/s | best central req/s | ratio | GeoPrefix P99 s "
+            "| bar: best central P99 x 1.05 | GeoPrefix p50 s | bar: SkyLB p50 x 1.05 | met (req/s / P99 / p50) |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    counted = [d for d in data.values() if not d["degenerate"]]
+    tally = {k: sum(bool(d["met"][k]) for d in counted) for k in ("throughput", "p99", "p50")}
+    every = sum(all(d["met"].values()) for d in counted)
+    foot = (f"\nissue 13's bar over {len(counted)} counted groups ({len(data) - len(counted)} degenerate not counted; "
+            f"central LBs: {', '.join(sorted(central))}): throughput met on {tally['throughput']}, P99 on "
+            f"{tally['p99']}, p50 on {tally['p50']}, all three on {every}\n")
+    return "\n".join(head + rows) + "\n" + foot, data
+
+
 def plots(agg: Dict[tuple, dict], scenarios: List[str], out: str) -> List[str]:
     try:
         import matplotlib
@@ -325,17 +376,19 @@ def main(argv=None) -> int:
     agg = aggregate(results, keys)
     tab = tables(agg, scenarios)
     ver, vdata = verdict(agg, scenarios)
+    bar, bdata = central_bar(agg, scenarios)
     cmd = "python benchmarks/compare_policies.py " + " ".join(argv if argv is not None else sys.argv[1:])
     text = (f"## compare_policies\n\ncommand: `{cmd}`\n\n{len(runs)} runs, seeds {seeds}, "
             f"{sum(m['counters']['requests_completed'] for m in results)} simulated requests, {wall:.0f} s wall\n"
-            f"{tab}\n\n### Verdict (GeoPrefix = ours)\n\n{ver}")
+            f"{tab}\n\n### Verdict (GeoPrefix = ours)\n\n{ver}"
+            f"\n### Issue 13's bar: GeoPrefix against the best central LB\n\n{bar}")
     print(text)
     with open(os.path.join(args.out, "summary.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "results.json"), "w") as f:
         f.write(dumps({"command": cmd, "seeds": seeds, "wall_s": wall,
                        "aggregate": [{"scenario": k[0], "group": k[1], "system": k[2], **v} for k, v in agg.items()],
-                       "verdict": vdata,
+                       "verdict": vdata, "central_bar": bdata,
                        "runs": [dict(m, key=list(k)) for m, k in zip(results, keys)]}))
     paths = plots(agg, scenarios, args.out)
     print(f"\nwrote {os.path.join(args.out, 'results.json')}, summary.md, "

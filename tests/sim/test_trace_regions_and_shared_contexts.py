@@ -166,6 +166,32 @@ def test_compare_policies_runs_the_new_scenario_and_four_seeds():
     assert len({int(s) for s in cp.DEFAULT_SEEDS.split(",")}) >= 4  # what --seeds defaults to
 
 
+def test_compare_policies_judges_issue_13s_bar_against_the_best_central_lb_per_criterion():
+    cp = _compare_policies()
+    central = cp._central_systems()
+    assert {"sgl", "ll", "ch", "ray-prefix", "gorgo-proxy"} <= set(central)
+    assert not {"oracle", "geoprefix", "skylb", "gorgo"} & set(central)  # per-region LBs and the oracle are not
+
+    def a(rps, p99, p50, replicas):
+        return {"replicas": replicas, "throughput_rps": {"mean": rps}, "ttft_p99_s": {"mean": p99},
+                "ttft_p50_s": {"mean": p50}}
+
+    reps = {"us": 2, "eu": 2}
+    agg = {("s", "g", "geoprefix"): a(10.0, 2.0, 0.30, reps), ("s", "g", "skylb"): a(9.0, 3.0, 0.30, reps),
+           ("s", "g", "sgl"): a(10.5, 3.0, 0.5, reps),  # the best central throughput
+           ("s", "g", "ll"): a(9.5, 1.95, 0.5, reps),  # the best central P99: the bar is 1.95 x 1.05
+           ("s", "g", "oracle"): a(20.0, 0.1, 0.1, reps),  # not a deployable LB: never the bar
+           ("s", "one", "geoprefix"): a(1.0, 1.0, 1.0, {"us": 1, "eu": 1}), ("s", "one", "sgl"): a(2.0, 0.5, 0.5,
+                                                                                                  {"us": 1, "eu": 1})}
+    text, data = cp.central_bar(agg, ["s"])
+    g = data["s/g"]
+    assert g["best_central_throughput"] == ["sgl", 10.5] and g["p99_bar"][0] == "ll"
+    assert g["p99_bar"][1] == 1.95 * 1.05 and g["p50_bar"] == 0.30 * 1.05
+    assert g["met"] == {"throughput": False, "p99": True, "p50": True}
+    assert data["s/one"]["degenerate"] == "one replica per region"
+    assert "throughput met on 0, P99 on 1, p50 on 1, all three on 0" in text and "1 degenerate not counted" in text
+
+
 def test_simulate_cli_passes_the_region_mapping(tmp_path):
     import argparse
 
