@@ -257,7 +257,7 @@ def central_bar(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
     LB's, its TTFT p99 <= the best central LB's (lowest p99) x 1.05, its TTFT p50 <= SkyLB's x 1.05. The
     best central LB is taken per criterion (the highest throughput, the lowest p99), each at its defaults;
     degenerate groups are marked and not counted."""
-    central = set(_central_systems())
+    central = set(_central_systems()) & {sy for (_s, _g, sy) in agg}  # those that ran
     rows, data = [], {}
     for sc in scenarios:
         for g in _groups(agg, sc):
