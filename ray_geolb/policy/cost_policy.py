@@ -172,13 +172,8 @@ class CostPolicy(PrefixPolicy):
         pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
         rtt = self.rtt if self._rtt_fn is not None else None
         w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
-        # queued_tokens(t), inlined (this loop is the decision's hot path): reported waiting at the
-        # mean prompt length + the uncached tokens dispatched since that report
-        stats_of = self.tracker.stats
-        unseen_uncached = self.work.unseen_uncached
-        mean_prompt = self._mean_prompt
-        out_of = self.tracker._out.get  # outstanding(t), inlined
-        hit_of = hits.get
+        queued_tokens = self.queued_tokens
+        out_of = self.tracker._out  # outstanding(t), inlined
         qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
         out = {}
         for t in cands:
@@ -187,14 +182,10 @@ class CostPolicy(PrefixPolicy):
             else:
                 tp = self.t_p(t)
                 qt = q_hat * tp
-            left = L - hit_of(t, 0.0)
-            residual = tp * (left if left > 0.0 else 0.0)  # tp * max(0, L - L_hit)
-            s = stats_of(t)
-            q = 0.0 + unseen_uncached(t, None) if s is None else \
-                s.num_waiting * mean_prompt + unseen_uncached(t, s.timestamp)
-            c = w_prefill * residual + qt * q  # qt = q_hat * tp
+            residual = tp * max(0.0, L - hits.get(t, 0.0))
+            c = w_prefill * residual + qt * queued_tokens(t)  # qt = q_hat * tp
             if w_shared:
-                c += w_shared * residual * out_of(t, 0)
+                c += w_shared * residual * out_of.get(t, 0)
             if rtt is not None:
                 c += w_rtt * rtt(t, req)
             out[t] = c
