@@ -116,7 +116,12 @@ class Light:
             self.inflight -= 1
 
     def record_routing_stats(self):
-        return {"num_waiting": 0, "num_running": self.inflight, "max_num_seqs": 256, "timestamp": time.time()}
+        return light_report(self.inflight)
+
+
+def light_report(inflight: int) -> dict:
+    """The light deployment's routing stats: nothing waits, ``inflight`` run, 256 sequence slots."""
+    return {"num_waiting": 0, "num_running": inflight, "max_num_seqs": 256, "timestamp": time.time()}
 
 
 ROUTERS = [

@@ -258,6 +258,7 @@ def central_bar(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
     best central LB is taken per criterion (the highest throughput, the lowest p99), each at its defaults;
     degenerate groups are marked and not counted."""
     central = set(_central_systems()) & {sy for (_s, _g, sy) in agg}  # those that ran
+    yes = {True: "yes", False: "NO", None: "-"}
     rows, data = [], {}
     for sc in scenarios:
         for g in _groups(agg, sc):
@@ -278,7 +279,6 @@ def central_bar(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
             data[f"{sc}/{g}"] = {"degenerate": why, "throughput": t, "best_central_throughput": [thr_sys, t_best],
                                  "p99": p99, "p99_bar": [p99_sys, p99_bar], "p50": p50, "p50_bar": p50_bar,
                                  "met": met}
-            yes = {True: "yes", False: "NO", None: "-"}
             rows.append(f"| {sc} / {g} | {t:.2f} | {t_best:.2f} ({thr_sys}) | {t / t_best:.3f} | {p99:.2f} | "
                         f"{p99_bar:.2f} ({p99_sys}) | {p50:.3f} | {_f(p50_bar, '{:.3f}')} | "
                         + (f"degenerate ({why}): not counted |" if why else

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bench_router import make_workload  # noqa: E402
+from bench_router import light_report, make_workload  # noqa: E402
 
 from ray_geolb.percentile import percentile  # noqa: E402
 from ray_geolb.policy import base, cost_policy, prefix_index, prefix_policy  # noqa: E402
@@ -59,8 +59,7 @@ class _Replica:
         self.routing_stats = {}
 
     def report(self) -> None:  # as bench_router's light deployment reports
-        self.routing_stats = {"num_waiting": 0, "num_running": self.inflight, "max_num_seqs": 256,
-                              "timestamp": time.time()}
+        self.routing_stats = light_report(self.inflight)
 
 
 def _router(policy: str) -> GeoPrefixRouter:
