@@ -59,24 +59,26 @@ def router_for(app_name: str, deployment_name: str) -> Optional[Any]:
 # ---------------------------------------------------------------------------------------------- hand-over
 # The region ingress canonicalises each prompt (and may hash it into the local index's blocks while
 # it prices staying); the GeoPrefixRouter of the same process would do both again for the same
-# call. The ingress hands its RouteRequest over under Serve's request id of the call, the router
-# takes it when it first sees that call (request_book.py), and the ingress withdraws it when the
-# call ends whatever happened, so nothing stays here. Plain dict operations: atomic under the GIL.
+# call. The ingress hands its RouteRequest over under an id it minted for the call (LocalSlot.call_id,
+# sent as the request object's ``request_id``; never the client's x-request-id, which two requests
+# may share), the router takes it when it first sees that call (request_book.py), and the ingress
+# withdraws it when the call ends whatever happened, so nothing stays here. Plain dict operations:
+# atomic under the GIL.
 _HANDED: dict = {}
 
 
-def hand_over(serve_request_id: Optional[str], route_request: Any) -> None:
-    if serve_request_id:
-        _HANDED[serve_request_id] = route_request
+def hand_over(call_id: Optional[str], route_request: Any) -> None:
+    if call_id:
+        _HANDED[call_id] = route_request
 
 
-def take_over(serve_request_id: Optional[str]) -> Optional[Any]:
-    return _HANDED.pop(serve_request_id, None) if serve_request_id else None
+def take_over(call_id: Optional[str]) -> Optional[Any]:
+    return _HANDED.pop(call_id, None) if call_id else None
 
 
-def withdraw(serve_request_id: Optional[str]) -> None:
-    if serve_request_id:
-        _HANDED.pop(serve_request_id, None)
+def withdraw(call_id: Optional[str]) -> None:
+    if call_id:
+        _HANDED.pop(call_id, None)
 
 
 def handed_count() -> int:

@@ -160,8 +160,10 @@ class EmulatedEngine:
 
 def _prompt_and_max_tokens(prompt_or_body: Any, max_tokens: Optional[int]):
     text = canonical_text(prompt_or_body)
-    if max_tokens is None and isinstance(prompt_or_body, dict):
-        max_tokens = prompt_or_body.get("max_completion_tokens") or prompt_or_body.get("max_tokens")
+    if max_tokens is None and isinstance(prompt_or_body, dict):  # the smaller of the two fields
+        vals = [v for v in (prompt_or_body.get("max_completion_tokens"), prompt_or_body.get("max_tokens"))
+                if v is not None]
+        max_tokens = min(vals) if vals else None
     return text, max_tokens
 
 

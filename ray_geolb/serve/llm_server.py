@@ -151,6 +151,19 @@ def _response(kind: str, head: dict, text: str, usage: dict):
         "choices": [{"index": 0, "text": text, "finish_reason": "length"}]})
 
 
+def output_limit(request) -> Optional[int]:
+    """The most output tokens a request may get from the emulated engine: the *smaller* of
+    ``max_tokens`` and ``max_completion_tokens`` when both are set (the region ingress writes the same
+    value to both; a direct caller never gets more than either field allows), else the one set, else
+    None (the engine's default). ValueError for ``n`` other than 1: one sequence per request."""
+    get = request.get if isinstance(request, dict) else (lambda k: getattr(request, k, None))
+    n = get("n")
+    if n is not None and n != 1:
+        raise ValueError(f"n={n} is not supported: the emulated engine decodes one sequence per request")
+    vals = [v for v in (get("max_completion_tokens"), get("max_tokens")) if v is not None]
+    return min(vals) if vals else None
+
+
 def _error(message: str, type_: str, code: int):
     return llm_protocol().ErrorResponse.model_validate({"error": {"message": message, "type": type_, "code": code}})
 
@@ -202,8 +215,8 @@ def _engine_class():
 
         async def _run(self, request, kind: str):
             text = canonical_text(request)
-            max_tokens = getattr(request, "max_completion_tokens", None) or getattr(request, "max_tokens", None)
             try:
+                max_tokens = output_limit(request)
                 req = self.core.make_request(text, max_tokens, getattr(request, "request_id", None))
             except ValueError as e:  # vLLM answers a request it cannot take with a 400 ErrorResponse
                 yield _error(str(e), "BadRequestError", 400)

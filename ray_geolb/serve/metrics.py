@@ -90,6 +90,8 @@ class MetricSink:
         self.observations: Dict[Tuple[str, Tuple[str, ...]], List[float]] = {}
         self.gauges: Dict[Tuple[str, Tuple[str, ...]], float] = {}
         self._metrics: Dict[str, object] = {}
+        #: counter series to export at 0 before they first fire (:meth:`preregister`)
+        self._zero: List[Tuple[str, Tuple[str, ...]]] = []
         self._export = export
         self._next_flush = 0.0
         self.flushes = 0
@@ -98,6 +100,11 @@ class MetricSink:
     def count(self, name: str, *tags: str, n: float = 1) -> None:
         key = (name, tags)
         self.counts[key] = self.counts.get(key, 0) + n
+
+    def preregister(self, name: str, *tags: str) -> None:
+        """Export counter ``name`` with ``tags`` at 0 on the next flush, so a dashboard shows 0 rather
+        than "No data" for an outcome that has not happened yet."""
+        self._zero.append((name, tags))
 
     def observe(self, name: str, value: float, *tags: str) -> None:
         obs = self.observations.setdefault((name, tags), [])
@@ -121,6 +128,9 @@ class MetricSink:
         if not self._export:
             return
         try:
+            zero, self._zero = self._zero, []
+            for name, tags in zero:  # Counter.inc refuses 0; record the point itself (Ray 2.60's Metric._record)
+                self._metric(name)._record(0.0, tags=self._tags(name, tags))
             for (name, tags), n in counts.items():
                 self._metric(name).inc(n, tags=self._tags(name, tags))
             for (name, tags), values in obs.items():

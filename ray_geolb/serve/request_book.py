@@ -35,6 +35,16 @@ __all__ = ["Entry", "RequestBook", "extract_prompt_text"]
 _DONE_FIRST_KEEP_S = 5.0  # how long a completion that came before its on_request_routed waits for it
 
 
+def call_key(pr) -> Optional[str]:
+    """The region ingress's id for this model call -- the request object's ``request_id``, which the
+    ingress sets to the id its ``LocalSlot`` minted -- or None (no such field: a plain call). A
+    hand-over is only ever stored under a minted id, so an id a client chose matches none."""
+    args = getattr(pr, "args", None)
+    first = args[0] if args else None
+    rid = None if first is None or isinstance(first, dict) else getattr(first, "request_id", None)
+    return rid if isinstance(rid, str) and rid else None
+
+
 def extract_prompt_text(args, kwargs) -> Optional[str]:
     """Canonical text of a Serve call's prompt, or None if there is none we understand.
 
@@ -116,7 +126,7 @@ class RequestBook:
         md = pr.metadata
         if self._done_first:
             self._done_first.pop(md.internal_request_id, None)  # routed again (a retry): that send is over
-        handed = _serve_pkg.take_over(getattr(md, "request_id", None))  # the region ingress's, same process
+        handed = _serve_pkg.take_over(call_key(pr))  # the region ingress's, same process
         if handed is not None:
             text = handed.text  # canonicalised once per hop, by the ingress
             self.counters["handed_over"] += 1
@@ -129,6 +139,7 @@ class RequestBook:
                            session_key=getattr(md, "session_id", None) or None, region=self.region)
         if handed is not None:
             req.share_prepared(handed)  # and hashed once: the blocks of any index it was prepared for
+            req.output_tokens_hint = handed.output_tokens_hint  # the effective max_tokens: the price
         ent = Entry(req, pr, pr.created_at)
         self.entries[md.internal_request_id] = ent
         return ent
@@ -255,12 +266,14 @@ class RequestBook:
             "fallback": ent.fallback,
             "request_id": md.request_id,
             "internal_request_id": iid,
-        })
+        }, call_key(pr))
         return ent.req
 
-    def _log_decision(self, md, iid: str, rec: dict) -> None:
+    def _log_decision(self, md, iid: str, rec: dict, call: Optional[str] = None) -> None:
         dec = self.decisions
         dec[iid] = rec
+        if call:  # the region ingress's id for the call (what its LocalView looks up)
+            dec[call] = rec
         if md.request_id and md.request_id != iid:
             dec[md.request_id] = rec
         while len(dec) > self._decision_log_size:

@@ -85,7 +85,7 @@ def test_the_region_apps_know_the_emulated_models_context_length():
 
 
 class _FailingModel:
-    async def complete(self, ctx):
+    async def complete(self, ctx, call_id=None):
         raise KeyError("the engine broke on: secret prompt text")
 
 
@@ -157,7 +157,7 @@ class _SilentModel:
     def __init__(self):
         self.cancelled = 0
 
-    def stream(self, ctx):
+    def stream(self, ctx, call_id=None):
         model = self
 
         class _Gen:
@@ -295,7 +295,7 @@ class _SlowModel:
     def __init__(self):
         self.cancelled = 0
 
-    async def complete(self, ctx):
+    async def complete(self, ctx, call_id=None):
         try:
             await asyncio.sleep(3600)
         except asyncio.CancelledError:
@@ -441,3 +441,229 @@ def test_a_stream_whose_consumer_stops_asking_closes_itself_and_returns_its_slot
 
     stream = asyncio.run(run())
     assert closed == [1] and cancelled == [1] and stream.consumer_gone
+
+
+# ---------------------------------------------------------------------------------------------- issue 24: one rule
+def test_both_token_fields_are_checked_and_the_effective_value_is_written_to_both():
+    e = status_of(chat("hi", max_tokens=4, max_completion_tokens=40))
+    assert e.status == 400 and e.param == "max_completion_tokens" and "disagree" in e.message
+    e = status_of(chat("hi", max_completion_tokens=20000))  # the limit holds whichever field carries it
+    assert e.status == 400 and e.param == "max_completion_tokens" and "exceeds the limit 8192" in e.message
+    e = status_of(chat("hi", max_completion_tokens=0))
+    assert e.status == 400 and e.param == "max_completion_tokens"
+    for body, want in ((chat("hi", max_completion_tokens=40), 40), (chat("hi", max_tokens=7), 7),
+                       (chat("hi", max_tokens=9, max_completion_tokens=9), 9), (chat("hi"), CFG.default_max_tokens),
+                       (chat("hi", max_tokens=None, max_completion_tokens=5), 5)):
+        ctx = parse(body)
+        assert ctx.max_tokens == want and ctx.body["max_tokens"] == want == ctx.body["max_completion_tokens"]
+        assert ctx.route_request().output_tokens_hint == want  # the router's price sees it too
+    ctx = parse({"model": "m", "prompt": "hi", "max_completion_tokens": 6}, kind="completion")
+    assert ctx.max_tokens == 6 and ctx.body["max_tokens"] == 6 and "max_completion_tokens" not in ctx.body
+    # the context check uses the effective value, whichever field carries it
+    e = status_of(chat("x" * 7000, max_completion_tokens=200))  # >= 875 prompt tokens + 200 > 1000
+    assert e.status == 400 and e.type == "context_length_exceeded" and "200 output" in e.message
+
+
+@pytest.mark.parametrize("n", [2, 0, -1, "2", 1.5, True, [1]])
+def test_n_other_than_one_is_a_typed_400(n):
+    e = status_of(chat("hi", n=n))
+    assert e.status == 400 and e.param == "n"
+    assert status_of(chat("hi", best_of=3)).param == "best_of"
+
+
+def test_n_of_one_or_null_is_served_as_one_sequence():
+    assert parse(chat("hi", n=1)).max_tokens == CFG.default_max_tokens
+    assert parse(chat("hi", n=None)).text
+
+
+def test_the_protocol_objects_take_the_normalised_body_and_the_emulated_engine_never_exceeds_it():
+    from ray_geolb.serve.ingress.model_client import ModelClient
+    from ray_geolb.serve.llm_server import output_limit
+
+    mc = ModelClient(None, "us")
+    req = mc._request(parse(chat("hi", max_completion_tokens=40)), "call-1")
+    assert req.max_tokens == 40 == req.max_completion_tokens and req.request_id == "call-1"
+    req = mc._request(parse({"model": "m", "prompt": "hi", "max_tokens": 3}, kind="completion"))
+    assert req.max_tokens == 3
+    # a direct caller that sends disagreeing fields gets the smaller; n > 1 is refused
+    assert output_limit({"max_tokens": 4, "max_completion_tokens": 40}) == 4
+    assert output_limit({"max_completion_tokens": 40}) == 40 and output_limit({}) is None
+    with pytest.raises(ValueError, match="n=2"):
+        output_limit({"n": 2})
+
+
+# ---------------------------------------------------------------------------------------------- issue 24: no 500
+def test_a_surrogate_in_model_is_a_404_rendered_as_valid_utf8_json():
+    raw = b'{"model": "m\\ud800x", "messages": [{"role": "user", "content": "hi"}]}'
+    e = status_of(raw)
+    assert e.status == 404 and e.param == "model"
+    resp = e.response()
+    body = json.loads(resp.body.decode("utf-8"))  # it encoded: no bare 500
+    assert "\\ud800" in body["error"]["message"] and resp.headers["content-type"] == "application/json"
+    e = status_of(json.dumps(chat("hi", model=["m"])).encode())
+    assert e.status == 400 and e.param == "model"
+
+
+def test_every_error_message_is_encodable_and_bounded():
+    from ray_geolb.serve.ingress.errors import MAX_MESSAGE_CHARS
+
+    e = GeoHTTPError(400, "x\udc80" * 5000, param="p\ud800")
+    body = json.loads(e.response().body.decode("utf-8"))
+    assert len(body["error"]["message"]) <= MAX_MESSAGE_CHARS * 6 + 3 and body["error"]["param"] == "p\\ud800"
+
+
+@pytest.mark.parametrize("where", ["max_tokens", "temperature", "messages"])
+def test_a_5000_digit_integer_is_a_400_without_a_logged_traceback(where, caplog):
+    big = "9" * 5000
+    raw = {"max_tokens": f'{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "max_tokens": {big}}}',
+           "temperature": f'{{"model": "m", "messages": [{{"role": "user", "content": "hi"}}], "temperature": {big}}}',
+           "messages": f'{{"model": "m", "messages": [{big}]}}'}[where].encode()
+    e = status_of(raw)
+    assert e.status == 400 and "4300 digits" in e.message
+    assert not [r for r in caplog.records if r.exc_info]
+
+
+def test_duplicate_keys_take_the_last_value_and_it_is_the_one_checked():
+    raw = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "max_tokens": 99999}'
+    e = status_of(raw)
+    assert e.status == 400 and e.param == "max_tokens" and "99999" in e.message
+    raw = b'{"model": "m", "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}'
+    assert parse(raw).max_tokens == 4
+
+
+# ---------------------------------------------------------------------------------------------- issue 24: size first
+def _request(body_chunks, headers):
+    from starlette.requests import Request
+
+    chunks = list(body_chunks)
+    sent = {"n": 0}
+
+    async def receive():
+        i = sent["n"]
+        sent["n"] += 1
+        if i < len(chunks):
+            return {"type": "http.request", "body": chunks[i], "more_body": i < len(chunks) - 1}
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "POST", "path": "/", "headers": [(k.encode(), v.encode())
+                                                                         for k, v in headers.items()]}
+    return Request(scope, receive), sent
+
+
+def test_a_content_length_over_the_bound_is_413_before_reading_anything():
+    from ray_geolb.serve.ingress.openai import read_body
+
+    req, sent = _request([b"x" * 1000] * 100, {"content-length": str(50 * 1024 * 1024)})
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(read_body(req, 64 * 1024))
+    assert e.value.status == 413 and e.value.type == "request_too_large" and sent["n"] == 0  # nothing read
+    req, _ = _request([b"{}"], {"content-length": "12abc"})
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(read_body(req, 64 * 1024))
+    assert e.value.status == 400 and e.value.param == "content-length"
+
+
+def test_a_body_without_content_length_is_read_with_a_running_cap():
+    from ray_geolb.serve.ingress.openai import read_body
+
+    req, sent = _request([b"x" * 10_000] * 1000, {})  # 10 MB, chunked
+    with pytest.raises(GeoHTTPError) as e:
+        asyncio.run(read_body(req, 64 * 1024))
+    assert e.value.status == 413 and sent["n"] == 7  # stopped at the first chunk past 64 KiB
+    req, _ = _request([b'{"a":', b" 1}"], {})
+    assert asyncio.run(read_body(req, 64 * 1024)) == b'{"a": 1}'
+
+
+# ---------------------------------------------------------------------------------------------- issue 24: smaller
+def test_the_deadline_runs_from_arrival_not_from_parsing():
+    import time
+
+    arrived = time.monotonic() - 2.0  # e.g. two seconds spent reading a slow body
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "5"}, "chat", CFG, origin="us",
+                        request_id="r", arrived=arrived)
+    assert 2.9 < ctx.remaining_s() <= 3.0
+
+
+class _DiesOnceModel:
+    """A replica that dies (Ray's ActorDiedError) before its first token, then one that answers."""
+
+    def __init__(self):
+        self.calls = []
+
+    async def complete(self, ctx, call_id=None):
+        from ray.exceptions import ActorDiedError
+
+        self.calls.append(call_id)
+        if len(self.calls) == 1:
+            raise ActorDiedError()
+        return {"ok": True}
+
+
+def test_a_replica_that_dies_before_the_first_token_is_retried_once_on_another_call():
+    ing = RequestPath(CFG.model_dump(), geo_router=lambda: None)
+    ing.llm = _DiesOnceModel()
+    ctx = parse(chat("hi"))
+    meta, out = asyncio.run(ing.process(ctx))
+    assert out == {"ok": True} and len(ing.llm.calls) == 2 and ing.llm.calls[0] != ing.llm.calls[1]
+    assert ing.counters["local_retries"] == 1 and ing.accounting()["local_unrouted"] == 0
+
+    class _AlwaysDies(_DiesOnceModel):
+        async def complete(self, ctx, call_id=None):
+            from ray.exceptions import ActorDiedError
+
+            self.calls.append(call_id)
+            raise ActorDiedError()
+
+    ing.llm = _AlwaysDies()
+    with pytest.raises(Exception) as e:
+        asyncio.run(ing.process(parse(chat("hi"))))
+    assert type(e.value).__name__ == "ActorDiedError" and len(ing.llm.calls) == 2  # once more, not forever
+    assert ing.accounting()["local_unrouted"] == 0
+
+
+def test_a_failed_forwarded_stream_names_the_region_that_failed_and_is_counted():
+    from ray_geolb.serve.ingress.openai import completion_response
+
+    async def fails():
+        yield 'data: {"choices": [{"index": 0, "delta": {"content": "a"}}]}\n\n'
+        raise RuntimeError("the peer's replica died")
+
+    class _Out:
+        def __init__(self):
+            self.gen = fails()
+
+        def __aiter__(self):
+            return self.gen
+
+        async def aclose(self):
+            await self.gen.aclose()
+
+    counted = []
+    resp = completion_response({"region": "eu", "route": "forwarded", "origin": "us"}, _Out(), True, False,
+                               region="us", on_error=lambda: counted.append(1))
+
+    async def body():
+        return [ev async for ev in resp.body_iterator]
+
+    events = asyncio.run(body())
+    err = json.loads(events[1][len("data: "):])["error"]
+    assert "region eu" in err["message"] and "region us" not in err["message"] and counted == [1]
+
+
+def test_errors_are_counted_as_route_error_and_counters_start_at_zero():
+    cfg = CFG.model_copy(update={"peers": {"eu": "geolb-eu"}})
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: None)
+    zero = set(ing.metrics._zero)
+    assert ("geolb_ingress_requests_total", ("error", "stream_failed")) in zero
+    assert ("geolb_ingress_rejections_total", ("queue_full",)) in zero
+    assert ("geolb_forwards_total", ("us", "eu")) in zero
+    ing.llm = _FailingModel()
+    with pytest.raises(KeyError):
+        asyncio.run(ing.process(parse(chat("hi"))))
+    ing.server_error(KeyError("x"))  # what the HTTP handler answers the client with
+    ing.note_error("stream_failed")
+    assert ing.metrics.total("geolb_ingress_requests_total", "error", "server_error") == 1
+    assert ing.metrics.total("geolb_ingress_requests_total", "error", "stream_failed") == 1
+    assert ing.counters["stream_errors"] == 1
+    ing.metrics.flush()  # no Ray worker here: counts kept, nothing exported, nothing raised
+    assert ing.metrics.total("geolb_ingress_requests_total", "error") == 2

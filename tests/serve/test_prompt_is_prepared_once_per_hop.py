@@ -1,6 +1,7 @@
 """One hop canonicalises and hashes a prompt once: the region ingress hands its RouteRequest to the
-GeoPrefixRouter of the same process (``ray_geolb.serve.hand_over``, keyed by Serve's request id of
-the call), the router's RequestBook takes it instead of extracting the prompt from the call again,
+GeoPrefixRouter of the same process (``ray_geolb.serve.hand_over``, keyed by the id its LocalSlot
+minted for the call and sent as the request object's ``request_id`` -- never the client's
+``x-request-id``), the router's RequestBook takes it instead of extracting the prompt from the call again,
 and whatever ends the call, nothing is left behind. No cluster: the router runs ``initialize_state``
 only and the calls are Ray's own ``PendingRequest`` / ``RequestMetadata`` objects."""
 
@@ -25,6 +26,14 @@ BODY = {"messages": [{"role": "system", "content": "a long shared system prompt 
 class _Router(GeoPrefixRouter):
     def __init__(self):  # no Ray: initialize_state only
         self._deployment_id = None
+
+
+class _Call:
+    """The request object the ingress sends (vLLM's protocol object has ``request_id``)."""
+
+    def __init__(self, request_id, body):
+        self.request_id = request_id
+        self.messages = body.get("messages")
 
 
 def _pending(serve_id: str, internal_id: str, body) -> PendingRequest:
@@ -52,7 +61,7 @@ def test_router_takes_the_ingress_prompt_and_its_hashes(serve_call):
     prepared = rreq.prepared_for(router.policy.index)  # the ingress priced staying: it hashed already
     slot = view.take_slot("ing-1", lambda: None, rreq)
     assert serve_pkg.handed_count() == 1
-    ent = router.book.new_entry(_pending(serve_call, "internal-1", {"unused": "the router never parses it"}))
+    ent = router.book.new_entry(_pending(serve_call, "internal-1", _Call(slot.call_id, {"messages": None})))
     assert router.counters["handed_over"] == 1 and router.counters["no_prompt"] == 0
     assert ent.req.text == rreq.text and ent.req.request_id == "internal-1"
     assert ent.req.prepared_for(router.policy.index) is prepared  # not hashed a second time
@@ -76,6 +85,25 @@ def test_without_a_hand_over_the_router_reads_the_call(serve_call):
     router.initialize_state()
     ent = router.book.new_entry(_pending("another-call", "internal-3", BODY))
     assert ent.req.text == canonical_text(BODY) and router.counters["handed_over"] == 0
+
+
+def test_two_calls_with_the_same_client_request_id_keep_their_own_prompts(serve_call):
+    """The client chose the Serve request id (``x-request-id``) of both calls: the hand-over is keyed
+    by the ingress's minted ids, so neither takes the other's prompt."""
+    router = _Router()
+    router.initialize_state()
+    view = LocalView("router", lambda: router)
+    a, b = RouteRequest(request_id="c", text="prompt A " * 50), RouteRequest(request_id="c", text="prompt B " * 50)
+    sa, sb = view.take_slot("c", lambda: None, a), view.take_slot("c", lambda: None, b)
+    assert sa.call_id != sb.call_id and len(view.unrouted) == 2  # one slot each, not one id for both
+    eb = router.book.new_entry(_pending(serve_call, "internal-b", _Call(sb.call_id, {"messages": None})))
+    ea = router.book.new_entry(_pending(serve_call, "internal-a", _Call(sa.call_id, {"messages": None})))
+    assert ea.req.text == a.text and eb.req.text == b.text and router.counters["handed_over"] == 2
+    forged = router.book.new_entry(_pending(serve_call, "internal-f", _Call(serve_call, BODY)))
+    assert forged.req.text == canonical_text(BODY)  # a client-chosen id matches no hand-over
+    sa.release()
+    sb.release()
+    assert not view.unrouted
 
 
 def test_share_prepared_refuses_another_prompt():

@@ -58,9 +58,11 @@ class RequestContext:
         return math.inf if self.deadline is None else self.deadline - time.monotonic()
 
     def route_request(self) -> RouteRequest:
-        """The policy core's view of this request."""
+        """The policy core's view of this request; its price's output length (``output_tokens_hint``)
+        is the effective ``max_tokens`` (one sequence: ``n`` is 1, ``openai.output_tokens``)."""
         return RouteRequest(request_id=self.request_id, text=self.text, session_key=self.session,
-                            region=self.origin, allowed_regions=self.allowed, hops=self.hops, tenant=self.tenant)
+                            region=self.origin, allowed_regions=self.allowed, hops=self.hops, tenant=self.tenant,
+                            output_tokens_hint=self.max_tokens)
 
     def wire(self, wait_ms: float, decision: Any) -> dict:
         """What the origin sends a peer with the body when it forwards this request (``fmeta``)."""

@@ -14,6 +14,7 @@ pinned ``fastapi<0.137``).
 from __future__ import annotations
 
 import os
+import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -23,7 +24,7 @@ from .config import INGRESS_DEPLOYMENT
 from .context import new_request_id
 from .errors import HEADER_PREFIX, GeoHTTPError
 from .model_client import ModelClient
-from .openai import client_headers, completion_response, forbidden, is_admin, parse_request
+from .openai import client_headers, completion_response, forbidden, is_admin, parse_request, read_body
 from .request_path import RequestPath
 
 __all__ = ["RegionIngress", "app"]
@@ -53,6 +54,7 @@ class RegionIngress:
         return is_admin(request.headers, self.cfg.debug, self._admin_token)
 
     async def _http(self, request: Request, kind: str) -> Response:
+        arrived = time.monotonic()  # the deadline runs from here: before the body is read or parsed
         if self._http_inflight >= self.cfg.max_concurrent:
             err = GeoHTTPError(429, f"region {self.region}: {self._http_inflight} requests in progress at this "
                                     f"ingress (max_concurrent {self.cfg.max_concurrent}); retry later",
@@ -61,15 +63,16 @@ class RegionIngress:
             return err.response({HEADER_PREFIX + "origin": self.region})
         self._http_inflight += 1
         try:
-            return await self._serve_http(request, kind)
+            return await self._serve_http(request, kind, arrived)
         finally:
             self._http_inflight -= 1  # streams hold their own slot (LocalSlot) until they end
 
-    async def _serve_http(self, request: Request, kind: str) -> Response:
+    async def _serve_http(self, request: Request, kind: str, arrived: float) -> Response:
         debug = self._admin(request)
         try:
-            ctx = parse_request(await request.body(), client_headers(request.headers), kind, self.cfg,
-                                origin=self.region, request_id=new_request_id())
+            raw = await read_body(request, self.cfg.max_body_bytes)
+            ctx = parse_request(raw, client_headers(request.headers), kind, self.cfg,
+                                origin=self.region, request_id=new_request_id(), arrived=arrived)
             meta, out = await self.path.process(ctx)
         except GeoHTTPError as e:
             if e.status == 400:
@@ -81,7 +84,8 @@ class RegionIngress:
             self.path.note_rejection(err)
             return err.response({HEADER_PREFIX + "origin": self.region})
         try:
-            return completion_response(meta, out, ctx.stream, debug, region=self.region)
+            return completion_response(meta, out, ctx.stream, debug, region=self.region,
+                                       on_error=lambda: self.path.note_error("stream_failed"))
         except BaseException:
             if ctx.stream:
                 await out.aclose()

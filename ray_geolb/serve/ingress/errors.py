@@ -11,10 +11,28 @@ from fastapi.responses import JSONResponse
 
 from ray_geolb.serve.errors import RouterError
 
-__all__ = ["HEADER_PREFIX", "GeoHTTPError", "ForwardFailed", "as_http_error"]
+__all__ = ["HEADER_PREFIX", "GeoHTTPError", "ForwardFailed", "as_http_error", "safe_text"]
 
 #: the prefix of the ingress's own HTTP headers (``x-geolb-region``, ``x-geolb-route``, ...)
 HEADER_PREFIX = "x-geolb-"
+
+
+#: the longest error message a client is sent (a message may quote what the client sent)
+MAX_MESSAGE_CHARS = 2000
+
+
+def safe_text(text, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """``text`` as an error body can carry it whatever the client sent: lone surrogates (JSON
+    ``"\\ud800"``), which UTF-8 cannot encode, become ``\\udXXX`` escapes, and it is cut to ``limit``
+    characters."""
+    text = str(text)
+    if len(text) > limit:
+        text = text[:limit] + "..."
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 class GeoHTTPError(Exception):
@@ -22,11 +40,12 @@ class GeoHTTPError(Exception):
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
                  param: Optional[str] = None, retry_after_s: Optional[float] = None, region: Optional[str] = None):
+        message = safe_text(message, MAX_MESSAGE_CHARS)
         super().__init__(message)
         self.status = int(status)
         self.message = message
         self.type = type_
-        self.param = param
+        self.param = None if param is None else safe_text(param, 200)
         self.retry_after_s = retry_after_s
         self.region = region
 

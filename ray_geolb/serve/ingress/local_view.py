@@ -10,13 +10,12 @@ as its local layer exactly as the simulator's RegionRouter uses a policy.
 
 from __future__ import annotations
 
+import uuid
 import weakref
 from typing import Any, Callable, Optional
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy.base import Decision
-
-from .context import serve_request_id
 
 __all__ = ["LocalSlot", "LocalView", "TrackerView", "geo_router_of"]
 
@@ -133,7 +132,8 @@ class LocalView:
             return 0.0
 
     def decision(self, request_id: str) -> Optional[dict]:
-        """The router's placement of ``request_id`` (replica, reason, matched, queue wait), or None."""
+        """The router's placement of a call (by its slot's ``call_id``): replica, reason, matched,
+        queue wait; or None."""
         r = self.geo_router()
         if r is None:
             return None
@@ -162,9 +162,10 @@ class LocalView:
         return out
 
     def take_slot(self, request_id: str, on_done: Callable[[], None], route_request: Any = None) -> "LocalSlot":
-        """The local slot a request sent to the model handle takes (see :class:`LocalSlot`). With
-        ``route_request`` (its prompt already canonicalised here), the slot also hands it over to the
-        router of this process for the duration of the call (``ray_geolb.serve.hand_over``)."""
+        """The local slot a request sent to the model handle takes (see :class:`LocalSlot`; send the
+        call with its ``call_id``). With ``route_request`` (its prompt already canonicalised here), the
+        slot also hands it over to the router of this process for the duration of the call
+        (``ray_geolb.serve.hand_over``, keyed by ``call_id``)."""
         return LocalSlot(self, request_id, on_done, route_request)
 
     # ------------------------------------------------------------ LocalLayer
@@ -251,30 +252,36 @@ class TrackerView:
 
 
 class LocalSlot:
-    """The local capacity one request holds: its id in the view's ``unrouted`` set until the router
-    has placed it (:meth:`routed`), and the slot it frees when it leaves (:meth:`release`: ``on_done``,
-    exactly once, whatever path ends the request). A route request handed over to the router is
-    withdrawn on release too (the router normally took it already)."""
+    """The local capacity one model call holds: its :attr:`call_id` in the view's ``unrouted`` set
+    until the router has placed it (:meth:`routed`), and the slot it frees when it leaves
+    (:meth:`release`: ``on_done``, exactly once, whatever path ends the request). A route request
+    handed over to the router is withdrawn on release too (the router normally took it already).
 
-    __slots__ = ("_view", "_rid", "_on_done", "_released", "_handed")
+    ``call_id`` is minted here, one per model call: the ingress sends it as the request object's
+    ``request_id`` (``ModelClient``), the router takes the hand-over and logs its decision under it.
+    It is never the client's ``x-request-id``, so two concurrent requests that send the same id
+    cannot swap prompts or placements."""
+
+    __slots__ = ("_view", "_rid", "_on_done", "_released", "_handed", "call_id")
 
     def __init__(self, view: LocalView, request_id: str, on_done: Callable[[], None], route_request: Any = None):
         self._view = view
-        self._rid = request_id
+        self._rid = request_id  # the request's own id (logs); the slot is keyed by call_id
+        self.call_id = uuid.uuid4().hex
         self._on_done = on_done
         self._released = False
         self._handed = None
-        view.unrouted.add(request_id)
+        view.unrouted.add(self.call_id)
         if route_request is not None:
-            self._handed = serve_request_id()
+            self._handed = self.call_id
             _serve_pkg.hand_over(self._handed, route_request)
 
     def routed(self) -> None:
-        self._view.unrouted.discard(self._rid)
+        self._view.unrouted.discard(self.call_id)
 
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self._view.unrouted.discard(self._rid)
+            self._view.unrouted.discard(self.call_id)
             _serve_pkg.withdraw(self._handed)
             self._on_done()

@@ -57,22 +57,27 @@ class ModelClient:
         replica starts, not on its event loop while it serves (probes and heartbeats would stall)."""
         _protocol()
 
-    def _request(self, ctx: RequestContext):
+    def _request(self, ctx: RequestContext, call_id: Optional[str] = None):
         m = _protocol()
         cls = m.ChatCompletionRequest if ctx.kind == "chat" else m.CompletionRequest
         try:
-            return cls.model_validate(dict(ctx.body))
+            req = cls.model_validate(dict(ctx.body))
         except Exception as e:  # pydantic's ValidationError names the field
             raise GeoHTTPError(400, f"invalid {ctx.kind} request: {e}") from None
+        if call_id is not None:  # the ingress's id for this call (LocalSlot.call_id), never the client's
+            req.request_id = call_id
+        return req
 
-    def stream(self, ctx: RequestContext):
-        """The server's response stream (a Ray streaming response); the caller owns and closes it."""
+    def stream(self, ctx: RequestContext, call_id: Optional[str] = None):
+        """The server's response stream (a Ray streaming response); the caller owns and closes it.
+        ``call_id`` (the slot's) becomes the request object's ``request_id``: the router finds the
+        ingress's hand-over by it, and vLLM names its engine request after it."""
         method = "chat" if ctx.kind == "chat" else "completions"
-        return getattr(self.handle.options(stream=True), method).remote(self._request(ctx), None)
+        return getattr(self.handle.options(stream=True), method).remote(self._request(ctx, call_id), None)
 
-    async def complete(self, ctx: RequestContext) -> dict:
+    async def complete(self, ctx: RequestContext, call_id: Optional[str] = None) -> dict:
         """A non-streamed request's response JSON (raises the server's error as :class:`GeoHTTPError`)."""
-        gen = self.stream(ctx)
+        gen = self.stream(ctx, call_id)
         try:
             res = await gen.__anext__()
         finally:

@@ -26,7 +26,7 @@ import json
 import math
 import re
 import time
-from typing import Any, AsyncIterator, Dict, FrozenSet, Mapping, Optional
+from typing import Any, AsyncIterator, Callable, Dict, FrozenSet, Mapping, Optional
 
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -40,6 +40,7 @@ __all__ = [
     "ADMIN_TOKEN_HEADER", "CLIENT_GEOLB_HEADERS", "HEADER_PREFIX", "PUBLIC_RESPONSE_HEADERS", "OwnedStreamingResponse",
     "PromptBody", "client_headers", "completion_response", "forbidden", "is_admin", "parse_allowed",
     "parse_request", "private_payload", "private_sse", "response_headers", "sse_events", "validate_body",
+    "TOKEN_FIELDS", "client_value", "output_tokens", "parse_json", "read_body",
 ]
 
 ADMIN_TOKEN_HEADER = "x-geolb-admin-token"
@@ -101,20 +102,89 @@ def json_depth(obj, limit: int) -> int:
     return deepest
 
 
+#: the output-length fields of an OpenAI body: both are checked, and must agree when both are sent
+TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
+
+
+def client_value(v: Any, limit: int = 60) -> str:
+    """A value a client sent, as an error message may quote it: ``repr`` (lone surrogates and control
+    characters escaped), at most ``limit`` characters; never raises (an int too long for ``repr`` is
+    named by its size)."""
+    try:
+        r = repr(v)
+    except ValueError:  # an int past Python's digit limit
+        return f"<an integer of about {int(v.bit_length() * 0.30103)} digits>"
+    return r if len(r) <= limit else r[:limit] + f"...<{len(r)} characters>"
+
+
+def output_tokens(body: dict, kind: str, max_tokens_limit: int, default_max_tokens: int) -> int:
+    """The one rule for output length (see :func:`validate_body`): returns the effective limit and
+    writes it into ``body`` -- ``max_tokens`` and, for chat, ``max_completion_tokens`` (vLLM's chat
+    request prefers that field); ``/v1/completions`` has only ``max_tokens``, so the other is dropped."""
+    given = {}
+    for f in TOKEN_FIELDS:
+        v = body.get(f)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise GeoHTTPError(400, f"'{f}' must be a positive integer, got {client_value(v)}", param=f)
+        if v > max_tokens_limit:
+            raise GeoHTTPError(400, f"'{f}' {v} exceeds the limit {max_tokens_limit}", param=f)
+        given[f] = v
+    if len(set(given.values())) > 1:
+        raise GeoHTTPError(400, f"'max_tokens' ({given['max_tokens']}) and 'max_completion_tokens' "
+                                f"({given['max_completion_tokens']}) disagree; send one of them, or the same value "
+                                f"in both", param="max_completion_tokens")
+    mt = next(iter(given.values())) if given else default_max_tokens
+    body["max_tokens"] = mt
+    if kind == "chat":
+        body["max_completion_tokens"] = mt
+    else:
+        body.pop("max_completion_tokens", None)
+    for f in ("n", "best_of"):  # sequences decoded per request: one (priced as one)
+        v = body.get(f)
+        if v is None or (type(v) is int and v == 1):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise GeoHTTPError(400, f"'{f}' must be 1, got {client_value(v)}", param=f)
+        raise GeoHTTPError(400, f"'{f}' {v} is not supported: this endpoint decodes one sequence per request "
+                                f"(send {v} requests instead)", param=f)
+    return mt
+
+
+def parse_json(raw: bytes):
+    """``json.loads`` with every parse failure -- bad syntax or encoding, Python's 4,300-digit limit on
+    integers, nesting past the recursion limit -- as a 400 (never a 500, never a logged traceback)."""
+    try:
+        return json.loads(raw or b"")
+    except json.JSONDecodeError as e:
+        raise GeoHTTPError(400, f"request body is not valid JSON: {e}") from None
+    except UnicodeDecodeError:
+        raise GeoHTTPError(400, "request body is not valid UTF-8 JSON") from None
+    except RecursionError:
+        raise GeoHTTPError(400, "request body nests JSON too deeply") from None
+    except ValueError as e:  # int('9' * 5000): "Exceeds the limit (4300 digits) for integer string conversion"
+        what = "an integer with more than 4300 digits" if "digits" in str(e) else "a value it cannot parse"
+        raise GeoHTTPError(400, f"request body holds {what}") from None
+
+
 def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int, default_max_tokens: int,
                   limits=None):
     """Parse and check an OpenAI body. Returns ``(PromptBody, text, stream, max_tokens, allowed)``.
     ``limits`` (an ``IngressConfig``; None: no size, depth or context bounds) gives
-    ``max_body_bytes`` (413), ``max_json_depth`` and ``max_model_len`` (400 context_length_exceeded)."""
+    ``max_body_bytes`` (413), ``max_json_depth`` and ``max_model_len`` (400 context_length_exceeded).
+
+    Output length, one rule: ``max_tokens`` and ``max_completion_tokens`` are each checked (a positive
+    integer, at most ``max_tokens_limit``); a body that sends both with *different* values is refused
+    (400, ``param: max_completion_tokens``); the effective value -- the one sent, else
+    ``default_max_tokens`` -- is written back to both fields (chat; ``/v1/completions``: ``max_tokens``),
+    so the context check, the router's price (``RouteRequest.output_tokens_hint``) and the engine all
+    see the same number. ``n`` (and ``best_of``) must be 1 or absent: one sequence per request, priced
+    as one. Every failure is a :class:`GeoHTTPError` (400/404/413) whatever bytes were sent."""
     if limits is not None and len(raw or b"") > limits.max_body_bytes:
         raise GeoHTTPError(413, f"request body is {len(raw)} bytes; the limit is {limits.max_body_bytes}",
                            type_="request_too_large")
-    try:
-        body = json.loads(raw or b"")
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise GeoHTTPError(400, f"request body is not valid JSON: {e}") from None
-    except RecursionError:
-        raise GeoHTTPError(400, "request body nests JSON too deeply") from None
+    body = parse_json(raw)
     if limits is not None and json_depth(body, limits.max_json_depth) > limits.max_json_depth:
         raise GeoHTTPError(400, f"request body nests JSON deeper than {limits.max_json_depth} levels")
     if not isinstance(body, dict):
@@ -126,22 +196,16 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
         if not isinstance(body["messages"], list) or not body["messages"]:
             raise GeoHTTPError(400, "'messages' must be a non-empty list of chat messages", param="messages")
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise GeoHTTPError(400, f"'model' must be a string, got {type(model).__name__}", param="model")
     if model is not None and model != model_name:
-        raise GeoHTTPError(404, f"The model '{model}' does not exist; this endpoint serves '{model_name}'",
-                           type_="model_not_found", param="model")
+        raise GeoHTTPError(404, f"The model {client_value(model)} does not exist; this endpoint serves "
+                                f"'{model_name}'", type_="model_not_found", param="model")
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
-        raise GeoHTTPError(400, f"'stream' must be a boolean, got {stream!r}", param="stream")
-    mt = body.get("max_tokens", body.get("max_completion_tokens"))
-    if mt is None:
-        mt = default_max_tokens
-    if isinstance(mt, bool) or not isinstance(mt, int) or mt < 1:
-        raise GeoHTTPError(400, f"'max_tokens' must be a positive integer, got {mt!r}", param="max_tokens")
-    if mt > max_tokens_limit:
-        raise GeoHTTPError(400, f"'max_tokens' {mt} exceeds the limit {max_tokens_limit}", param="max_tokens")
+        raise GeoHTTPError(400, f"'stream' must be a boolean, got {client_value(stream)}", param="stream")
+    mt = output_tokens(body, kind, max_tokens_limit, default_max_tokens)
     allowed = parse_allowed(body.pop("allowed_regions", None), "body field 'allowed_regions'")
-    if "max_tokens" not in body and "max_completion_tokens" not in body:
-        body["max_tokens"] = mt  # the engine runs with the limit the ingress validated
     try:
         text = canonical_text(body)
     except PromptFormatError as e:
@@ -179,10 +243,12 @@ def client_headers(headers) -> Dict[str, str]:
 
 
 def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, origin: str,
-                  request_id: str) -> RequestContext:
+                  request_id: str, arrived: Optional[float] = None) -> RequestContext:
     """The context of a client's request: its body (:func:`validate_body`) and its headers
     (``headers_in`` = :func:`client_headers`); ``cfg`` is the ``IngressConfig``. Raises
-    :class:`GeoHTTPError` (400/404) naming the problem."""
+    :class:`GeoHTTPError` (400/404) naming the problem. The deadline runs from ``arrived`` (the
+    ``time.monotonic()`` at which the ingress's HTTP handler was entered, before the body was read;
+    None: now)."""
     body, text, stream, max_tokens, allowed = validate_body(
         raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens, limits=cfg)
     hdr = headers_in.get("x-allowed-regions")
@@ -204,7 +270,33 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
                                     f"'.', '_' or '-'", param=cfg.tenant_header)
     return RequestContext(body=body, text=text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
                           origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s,
-                          kind=kind, tenant=tenant, deadline=time.monotonic() + budget)
+                          kind=kind, tenant=tenant,
+                          deadline=(time.monotonic() if arrived is None else arrived) + budget)
+
+
+async def read_body(request, limit: int) -> bytes:
+    """The request body, bounded *before* it is read: a ``Content-Length`` above ``limit`` is refused
+    at once (413, nothing read), a malformed one is a 400, and a body without one (chunked) is read
+    with a running count and refused (413) as soon as it passes ``limit`` -- at most ``limit`` bytes
+    plus one chunk are ever held. (Ray Serve 2.60's proxy and replica still move the body's messages
+    in the background; the hard transfer bound is a front proxy's body limit.)"""
+    cl = request.headers.get("content-length")
+    if cl is not None:
+        cl = cl.strip()
+        if not cl.isdigit() or len(cl) > 19:
+            raise GeoHTTPError(400, f"header Content-Length must be a byte count, got {client_value(cl, 40)}",
+                               param="content-length")
+        if int(cl) > limit:
+            raise GeoHTTPError(413, f"request body is {int(cl)} bytes (Content-Length); the limit is {limit}",
+                               type_="request_too_large")
+    chunks, n = [], 0
+    async for chunk in request.stream():
+        n += len(chunk)
+        if n > limit:
+            raise GeoHTTPError(413, f"request body is over {limit} bytes (read {n} of it before refusing; "
+                                    f"no Content-Length); the limit is {limit}", type_="request_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _header_seconds(headers_in: Mapping[str, str], name: str, *, minimum_excluded: bool) -> Optional[float]:
@@ -284,28 +376,42 @@ class OwnedStreamingResponse(StreamingResponse):
             await self._source.aclose()
 
 
-def completion_response(meta: dict, out, stream: bool, debug: bool, *, region: str) -> Response:
+def completion_response(meta: dict, out, stream: bool, debug: bool, *, region: str,
+                        on_error: Optional[Callable[[], None]] = None) -> Response:
     """The response to a served request: the server's completion JSON, or (``stream``) its SSE events
-    from the stream ``out``, which the response closes however it ends."""
+    from the stream ``out``, which the response closes however it ends. A stream that fails names
+    the region that served it (``meta["region"]``: a peer for a forwarded request; else ``region``)
+    and calls ``on_error``."""
     headers = response_headers(meta, debug)
     if not stream:
         return JSONResponse(private_payload(out, debug), headers=headers)
-    return OwnedStreamingResponse(sse_events(out, debug, region), out, media_type="text/event-stream",
+    served_by = str(meta.get("region") or region)
+    return OwnedStreamingResponse(sse_events(out, debug, served_by, on_error), out, media_type="text/event-stream",
                                   headers=headers)
 
 
-async def sse_events(stream: AsyncIterator, debug: bool, region: str):
+async def sse_events(stream: AsyncIterator, debug: bool, region: str, on_error: Optional[Callable[[], None]] = None):
     """The server's SSE events (each item a string or a batch of them). An error after the headers
     went out -- the replica failed or died mid-stream -- ends the stream the way a client can parse:
     an OpenAI-style ``{"error": ...}`` event (the error's type and message; an unexpected exception
     is named by its type only, its text may quote the prompt), then a chunk whose choice has
-    ``finish_reason: "error"``, then ``[DONE]``. The stream always ends with ``[DONE]``."""
+    ``finish_reason: "error"``, then ``[DONE]``. The stream always ends with ``[DONE]``. ``region`` is
+    the region that served the stream (the one that failed); ``on_error`` is called once per failure."""
     done = False
+
+    def failed():
+        if on_error is not None:
+            try:
+                on_error()
+            except Exception:  # noqa: BLE001 - counting never breaks the stream
+                pass
+
     try:
         async for item in stream:
             for ev in (item if isinstance(item, list) else (item,)):
                 if not isinstance(ev, str):  # an ErrorResponse mid-stream
                     err = error_in(ev, region)
+                    failed()
                     yield _error_event(err.message if err is not None else "the server reported an error",
                                        "stream_error")
                     yield _FINISH_ERROR
@@ -315,6 +421,7 @@ async def sse_events(stream: AsyncIterator, debug: bool, region: str):
     except Exception as e:  # noqa: BLE001 - headers are sent: report the error in-band
         err = as_http_error(e, region)
         done = False
+        failed()
         yield _error_event(err.message if err is not None else f"region {region}: the stream failed "
                                                                f"({type(e).__name__})", "stream_error")
         yield _FINISH_ERROR

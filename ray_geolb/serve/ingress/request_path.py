@@ -32,6 +32,7 @@ import uuid
 from typing import Any, Callable, Hashable, Optional
 
 from ray import serve
+from ray.exceptions import RayActorError
 
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.canonical import canonical_text
@@ -59,7 +60,15 @@ _now = policy_now  # the router's clock (serve/clock.py): ages in its tree and p
 #: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
 #: wait_timeout are the admission queue's)
 COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
-            "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded", "retries_refused")
+            "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded", "retries_refused",
+            "local_retries", "stream_errors")
+#: attempts of a local call whose replica died before anything reached the client (a retry goes to
+#: whichever replica the router picks; it spends the retry budget and the request's deadline)
+LOCAL_ATTEMPTS = 2
+#: reasons the ingress's counters are pre-registered with (exported at 0 before they first fire)
+REJECTION_REASONS = ("bad_request", "too_many_requests", "queue_full", "wait_timeout", "deadline_exceeded",
+                     "stream_timeout", "region_not_allowed", "forward_failed", "server_error")
+ERROR_REASONS = ("server_error", "stream_failed")
 #: forward attempts per request (each failed one excludes its peer until that peer's next heartbeat)
 FORWARD_ATTEMPTS = 3
 #: ids of the requests this ingress replica started serving locally, most recent last (chaos checks:
@@ -97,6 +106,12 @@ class RequestPath:
         self.counts = {k: 0 for k in COUNTERS if k not in self.admission.counts}
         #: Prometheus metrics (serve/metrics.py), exported once a second by :meth:`start`'s task
         self.metrics = MetricSink({"region": self.region})
+        for reason in REJECTION_REASONS:
+            self.metrics.preregister("geolb_ingress_rejections_total", reason)
+        for reason in ERROR_REASONS:
+            self.metrics.preregister("geolb_ingress_requests_total", "error", reason)
+        for peer in cfg.peers:
+            self.metrics.preregister("geolb_forwards_total", self.region, peer)
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
         self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
         #: retries of forwards that could not reach their peer (retry_budget.py)
@@ -140,6 +155,14 @@ class RequestPath:
         else:
             reason = err.type or str(err.status)
         self.metrics.count("geolb_ingress_rejections_total", reason)
+
+    def note_error(self, reason: str) -> None:
+        """A request that failed after it was routed: answered with a 500 (``server_error``) or, after
+        its response had started, ended by an error event (``stream_failed``). Counted as
+        ``geolb_ingress_requests_total{route="error"}`` (besides the route it was given)."""
+        if reason == "stream_failed":
+            self.counts["stream_errors"] += 1
+        self.metrics.count("geolb_ingress_requests_total", "error", reason)
 
     @property
     def counters(self) -> dict:
@@ -325,6 +348,7 @@ class RequestPath:
         """An unexpected failure while serving a request, as the typed 500 the client gets (the cause
         is logged here, not sent: it may quote the prompt)."""
         logger.warning("region %s: request failed: %s", self.region, type(e).__name__, exc_info=e)
+        self.note_error("server_error")
         return GeoHTTPError(500, f"region {self.region} failed to serve the request ({type(e).__name__})",
                             type_="server_error", region=self.region)
 
@@ -348,33 +372,53 @@ class RequestPath:
 
     async def _run_local(self, ctx: RequestContext, d: RegionDecision, wait_ms: float,
                          rreq: Optional[RouteRequest] = None):
-        """Run a request on this region's model deployment. The local slot it takes (the request id in
-        the view's ``unrouted`` set until the router places it, then :meth:`local_done` when it leaves)
-        is owned by a :class:`LocalSlot` and returned on every path, cancellation included. ``rreq``
-        (the prompt canonicalised, maybe hashed, here) is handed over to the router for the call."""
-        slot = self.local.take_slot(ctx.request_id, self.local_done, rreq)
-        if ctx.stream:
-            return await self._run_local_stream(ctx, d, wait_ms, slot)
+        """Run a request on this region's model deployment. The local slot each call takes (its minted
+        ``call_id`` in the view's ``unrouted`` set until the router places it, then :meth:`local_done`
+        when it leaves) is owned by a :class:`LocalSlot` and returned on every path, cancellation
+        included. ``rreq`` (the prompt canonicalised, maybe hashed, here) is handed over to the router
+        for the call, under the slot's ``call_id``.
+
+        A replica that dies before anything reached the client (a Ray actor error before the first
+        token, or before a non-streamed response) is retried once on whichever replica the router
+        picks (:data:`LOCAL_ATTEMPTS`), within the request's deadline and the retry budget; after the
+        first token a failure ends the stream with an error event instead (never retried: the
+        client has part of an answer)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            slot = self.local.take_slot(ctx.request_id, self.local_done, rreq)
+            try:
+                if ctx.stream:
+                    return await self._run_local_stream(ctx, d, wait_ms, slot)
+                return await self._run_local_call(ctx, d, wait_ms, slot)
+            except GeoHTTPError:
+                raise
+            except Exception as e:
+                if (replica_died(e) and attempt < LOCAL_ATTEMPTS and ctx.remaining_s() > 0
+                        and self.retries.try_spend()):
+                    self.counts["local_retries"] += 1
+                    logger.info("region %s: the replica died before the first token (%s); retrying on "
+                                "another replica", self.region, type(_root(e)).__name__)
+                    continue
+                err = self._model_error(e)
+                if err is not None:
+                    raise err from None
+                raise
+
+    async def _run_local_call(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         try:
-            res = await asyncio.wait_for(self.llm.complete(ctx), _bound(ctx.remaining_s()))
+            res = await asyncio.wait_for(self.llm.complete(ctx, slot.call_id), _bound(ctx.remaining_s()))
         except asyncio.TimeoutError:  # the call is cancelled (complete() cancels its stream)
             raise self._deadline_exceeded(ctx, self.region) from None
-        except GeoHTTPError:
-            raise
-        except Exception as e:
-            err = self._model_error(e)
-            if err is not None:
-                raise err from None
-            raise
         finally:
             slot.release()
         self.served_ids.append(ctx.request_id)
-        return self._local_meta(ctx, d, wait_ms), res
+        return self._local_meta(ctx, d, wait_ms, slot.call_id), res
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         gen = None
         try:
-            gen = self.llm.stream(ctx)
+            gen = self.llm.stream(ctx, slot.call_id)
             left = ctx.remaining_s()
             try:
                 first = await asyncio.wait_for(gen.__anext__(), _bound(min(self.cfg.first_token_timeout_s, left)))
@@ -389,18 +433,14 @@ class RequestPath:
             err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
             if err is not None:
                 raise err
-        except BaseException as e:  # CancelledError too: the client left before the first token
+        except BaseException:  # CancelledError too: the client left before the first token
             cancel_quietly(gen)
             slot.release()
-            if isinstance(e, Exception) and not isinstance(e, GeoHTTPError):
-                err = self._model_error(e)
-                if err is not None:
-                    raise err from None
             raise
         slot.routed()
         self.served_ids.append(ctx.request_id)
         try:
-            meta = self._local_meta(ctx, d, wait_ms)
+            meta = self._local_meta(ctx, d, wait_ms, slot.call_id)
         except BaseException:
             cancel_quietly(gen)
             slot.release()
@@ -408,8 +448,8 @@ class RequestPath:
         return meta, TokenStream(gen, first, on_close=slot.release, idle_timeout_s=self.cfg.stream_idle_timeout_s,
                                  where=f"region {self.region}")
 
-    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float) -> dict:
-        info = self.local.decision(ctx.request_id)
+    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, call_id: str) -> dict:
+        info = self.local.decision(call_id)
         meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
                 "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
         if info:
@@ -534,6 +574,22 @@ class RequestPath:
             "decisions": dict(self.decisions),
             "config": self.cfg.model_dump(exclude={"admin_token"}),
         }
+
+
+def _root(e: BaseException) -> BaseException:
+    """The exception inside Ray's wrappers (``RayTaskError.cause``), else ``e``."""
+    for _ in range(5):
+        c = getattr(e, "cause", None)
+        if not isinstance(c, BaseException):
+            break
+        e = c
+    return e
+
+
+def replica_died(e: BaseException) -> bool:
+    """True if ``e`` says the replica serving a call died or became unreachable (a Ray actor error):
+    the call's work is lost, so one that had sent nothing to the client may be retried."""
+    return isinstance(e, RayActorError) or isinstance(_root(e), RayActorError)
 
 
 def _bound(seconds: float) -> Optional[float]:
