@@ -97,12 +97,13 @@ def model_deployment_name(llm_config: Any) -> str:
 
 def _check_regions(regions: Dict[str, int]) -> Dict[str, int]:
     from ray_geolb.policy.region.config import REGION_PATTERN
+    from ray_geolb.serve.registry import MAX_REGION_NAME
 
     if not isinstance(regions, dict) or not regions:
         raise ValueError("regions must be a non-empty dict {region: num_replicas}")
     for r, n in regions.items():
-        if not isinstance(r, str) or not re.match(REGION_PATTERN, r) or "/" in r:
-            raise ValueError(f"regions: invalid region name {r!r} (letters, digits, _ . : -)")
+        if not isinstance(r, str) or not re.fullmatch(REGION_PATTERN, r) or "/" in r or len(r) > MAX_REGION_NAME:
+            raise ValueError(f"regions: invalid region name {r!r} (1-{MAX_REGION_NAME} letters, digits, _ . : -)")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"regions[{r!r}]: num_replicas must be a positive integer, got {n!r}")
     return dict(regions)
@@ -204,11 +205,27 @@ def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router:
         icfg["registry"] = None
     elif registry is False:
         icfg["registry"] = None
-    elif registry is not None:
-        icfg["registry"] = dict(registry)
+    else:
+        icfg["registry"] = _registry_options(registry, regions)
     icfg["two_layer"] = two_layer
     icfg.update(extra)
     return IngressConfig.model_validate(icfg).model_dump()
+
+
+def _registry_options(registry: Optional[dict], regions: Dict[str, int]) -> dict:
+    """``RegistryOptions`` fields with the deployment's regions in the registry's config (``regions``):
+    the registry refuses heartbeats from any other region. A list given in ``registry["config"]`` must
+    hold every region of the deployment (it may name more, e.g. regions deployed separately)."""
+    reg = dict(registry or {})
+    cfg = dict(reg.get("config") or {})
+    listed = cfg.setdefault("regions", sorted(regions))
+    if listed is not None:
+        missing = sorted(set(regions) - set(listed))
+        if missing:
+            raise ValueError(f"registry.config.regions {sorted(listed)} lacks the deployment's region(s) {missing}")
+        cfg["regions"] = sorted(set(listed))
+    reg["config"] = cfg
+    return reg
 
 
 def _default_policy():
@@ -376,19 +393,28 @@ def build_central_app(
 def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
     """Deploy every region app in one ``serve.run_many`` (peers come up together; peer handles are
     resolved lazily anyway). Returns region -> ingress handle."""
+    # Create the registry actor from here first (it lands on this driver's node -- the head, i.e. the
+    # home region -- unless told otherwise), so the ingresses' first heartbeats find it ready. One that
+    # already existed (an earlier deployment) keeps its region list: this deployment's regions are added.
+    import ray
     from ray import serve
     from ray.serve.api import RunTarget
 
-    # Create the registry actor from here first (it lands on this driver's node -- the head, i.e. the
-    # home region -- unless told otherwise), so the ingresses' first heartbeats find it ready.
     from ray_geolb.serve.registry import get_or_create_registry
 
-    seen = set()
+    registries: Dict[tuple, Any] = {}
+    listed: Dict[tuple, set] = {}
     for a in apps:
         reg = a.config.get("registry")
-        if reg and (reg["name"], reg["namespace"]) not in seen:
-            seen.add((reg["name"], reg["namespace"]))
-            get_or_create_registry(reg["name"], reg["namespace"], reg.get("config"))
+        if not reg:
+            continue
+        key = (reg["name"], reg["namespace"])
+        if key not in registries:
+            registries[key] = get_or_create_registry(reg["name"], reg["namespace"], reg.get("config"))
+        listed.setdefault(key, set()).update((reg.get("config") or {}).get("regions") or ())
+    for key, actor in registries.items():
+        if listed[key]:
+            ray.get(actor.add_regions.remote(sorted(listed[key])), timeout=60)
     targets = [RunTarget(target=a.app, name=a.name, route_prefix=a.route_prefix) for a in apps]
     handles = serve.run_many(targets)
     return {a.region: h for a, h in zip(apps, handles)}

@@ -21,10 +21,36 @@
   children), so a restarted ingress reloads its snapshot. A heartbeat's reply acknowledges the
   version it now holds for the sender (``snapshot_acks``).
 
-Memory is bounded: at most ``max_regions`` regions, ``max_sources_per_region`` sources each (oldest
-dropped), ``max_snapshot_nodes`` per snapshot, and a region not heard from for ``drop_after_s`` is
-forgotten. Ages, not timestamps, are returned (``age_s`` on the registry's clock), so clock skew
-between nodes does not matter. An age counts from when the source measured its figures: a heartbeat
+Memory and replies are bounded, whatever heartbeats arrive (issue 24):
+
+* **names** -- a region name is 1-:data:`MAX_REGION_NAME` (64) characters of ``A-Z a-z 0-9 _ . : -``
+  (the region layer's ``REGION_PATTERN``), a source name 1-:data:`MAX_SOURCE_NAME` (128) of the same
+  plus ``/`` (an ingress replica is ``<region>/<replica id>``); anything else is refused with
+  :class:`HeartbeatRefused` ``bad_name``, its name shown cut to 40 characters;
+* **regions** -- with the deployment's region list (``regions``: ``app.py`` passes it, and
+  :meth:`RegistryState.add_regions` adds a redeployment's), a heartbeat from any other region is refused
+  (``unknown_region``), and RTTs to unknown peers are dropped. Without a list (a bare ``RegistryState``)
+  any well-formed name is taken, up to ``max_regions``: a full registry refuses a *new* region
+  (``registry_full``) and never evicts a live one; regions leave only by not being heard from for
+  ``drop_after_s``. Sources likewise: at most ``max_sources_per_region`` per region, a new one refused
+  (``sources_full``) while the region's live sources keep their places;
+* **numbers** -- counts at most :data:`MAX_COUNT`, other figures finite and at most :data:`MAX_NUMBER`;
+  at most :data:`MAX_BATCH_ITEMS` heartbeats per call, at most 10 error lines of at most
+  :data:`MAX_ERROR_CHARS` characters in a reply;
+* **the table** -- so every reply is at most :meth:`RegistryState.table_bound_bytes` bytes of JSON:
+  ``n * (PER_REGION_BYTES + max_summary_bytes + n * PER_RTT_BYTES) + FIXED_BYTES`` for ``n`` regions
+  (the configured ones, else ``max_regions``): 67,121 bytes for three regions and the default 16 KB
+  summaries (a real summary is under 3.6 KB), 1,562,658 bytes for a registry without a region list
+  at the default ``max_regions`` 64.
+
+A refusal is typed (:class:`HeartbeatRefused`, ``code`` one of :data:`REFUSAL_CODES`), counted
+(``stats()["refused"]``), logged the first time per code (then every 10x), and named in the reply:
+``errors`` (the lines) and ``refused`` (``{code: count}`` for this call).
+
+Snapshots: at most ``max_snapshot_nodes`` rows per copy, a few copies per region.
+
+Ages, not timestamps, are returned (``age_s`` on the registry's clock), so clock skew between nodes
+does not matter. An age counts from when the source measured its figures: a heartbeat
 declares its one-way delay to the registry (``delay_s``, half the sender's last registry round trip), and
 the reader subtracts its own leg back (``RegistryClient``: the table's ``made_at`` for
 ``peer_states_from_table``).
@@ -32,6 +58,14 @@ the reader subtracts its own leg back (``RegistryClient``: the table's ``made_at
 :class:`RegionRegistry` is the Ray actor around it: detached, named, ``max_restarts=-1``,
 ``num_cpus=0`` (:func:`get_or_create_registry`). It is *stateless-restartable*: after a restart it is
 empty and is rebuilt by the next heartbeats (every ``period_s``) -- nothing in it is precious.
+
+**Trust.** The Ray cluster is the trust boundary. Anything that can call this actor can also kill it,
+call any method on it, or read its environment through Ray's ``__ray_call__``; the registry defends
+against nothing that runs in the cluster. The optional secret (:data:`SECRET_ENV`) is a guard against
+*accidents* -- two deployments sharing one cluster and registry namespace by mistake, a stale ingress
+of an old deployment, a test harness pointed at the wrong registry: heartbeats without it are refused
+and counted. It is not authentication: it sits in plain environment variables of the registry and
+ingress actors, where any process of the cluster can read it and then forge any heartbeat.
 
 The client each ingress runs is :class:`~ray_geolb.serve.registry_client.RegistryClient`.
 """
@@ -43,9 +77,11 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
+from ray_geolb.policy.region.config import REGION_PATTERN
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
 from ray_geolb.serve.snapshot_sync import DEFAULT_MAX_ROWS, SnapshotStore, trim_snapshot
 
@@ -54,6 +90,10 @@ logger = logging.getLogger("ray_geolb.registry")
 __all__ = [
     "DEFAULT_NAME",
     "DEFAULT_NAMESPACE",
+    "HeartbeatRefused",
+    "MAX_REGION_NAME",
+    "MAX_SOURCE_NAME",
+    "REFUSAL_CODES",
     "RegistryState",
     "RegionRegistry",  # noqa: F822 - built lazily by __getattr__ (importing this module must not import ray)
     "get_or_create_registry",
@@ -62,19 +102,88 @@ __all__ = [
     "SECRET_ENV",
     "trim_snapshot",
     "validate_extra",
+    "validate_region_name",
 ]
 
 DEFAULT_NAME = "geolb_registry"
 DEFAULT_NAMESPACE = "geolb"
 #: the environment variable holding the deployment's registry secret (in every ingress replica's and
 #: the registry actor's environment, e.g. the nodes' env or a runtime_env): when the registry has one,
-#: only heartbeats that carry it (``token``) are applied
+#: only heartbeats that carry it (``token``) are applied. A guard against accidents (two deployments in
+#: one namespace), not security: any process of the Ray cluster can read it (module docstring, "Trust")
 SECRET_ENV = "GEOLB_REGISTRY_SECRET"
+
+#: name bounds: a region is 1-64 characters of REGION_PATTERN's alphabet (no "/"); a source (an ingress
+#: replica, ``<region>/<replica id>``) 1-128 of the same plus "/"
+MAX_REGION_NAME = 64
+MAX_SOURCE_NAME = 128
+_REGION_RE = re.compile(REGION_PATTERN)
+_SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
+#: the largest count a heartbeat may state (available replicas, queue length) and the largest other number
+MAX_COUNT = 1_000_000_000
+MAX_NUMBER = 1e15
+#: heartbeats per call (a client sends one), error lines per reply and their length
+MAX_BATCH_ITEMS = 32
+MAX_ERRORS = 10
+MAX_ERROR_CHARS = 300
+#: why a heartbeat was refused (``HeartbeatRefused.code``; a reply's ``refused`` counts them by code)
+REFUSAL_CODES = ("bad_name", "unknown_region", "registry_full", "sources_full", "unauthenticated", "malformed",
+                 "batch_too_large")
+#: the table's JSON size bound (``RegistryState.table_bound_bytes``), per part, for names and numbers at
+#: their bounds. A region's entry: its name (64 + 4) and four figures (~110), and up to 16 extras of a
+#: 64-character name and a number (16 * 93); one measured RTT (a peer's name + a number, 64 + 4 + 24);
+#: the rest of a reply: the keys, uptime, up to MAX_BATCH_ITEMS snapshot acknowledgements (source name +
+#: version) and MAX_ERRORS error lines, and the ``refused`` counts
+
+
+class HeartbeatRefused(ValueError):
+    """A heartbeat the registry refused, and why: ``code`` is one of :data:`REFUSAL_CODES`."""
+
+    def __init__(self, code: str, message: str):
+        assert code in REFUSAL_CODES, code
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+def _show(x, n: int = 40) -> str:
+    """A name as an error line may quote it: its first ``n`` characters, and its length when longer."""
+    if isinstance(x, str):
+        return repr(x[:n]) + (f"... ({len(x)} characters)" if len(x) > n else "")
+    return type(x).__name__
+
+
+def validate_region_name(name, what: str = "region") -> str:
+    """A region name within the registry's bounds (1-:data:`MAX_REGION_NAME` characters matching
+    ``REGION_PATTERN``), else :class:`HeartbeatRefused` ``bad_name``."""
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_REGION_NAME or not _REGION_RE.fullmatch(name):
+        raise HeartbeatRefused("bad_name", f"{what} must be 1-{MAX_REGION_NAME} characters of letters, digits, "
+                                           f"_ . : - (starting with a letter or digit), got {_show(name)}")
+    return name
+
+
+def _source_name(name, what: str = "heartbeat.source") -> str:
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_SOURCE_NAME or not _SOURCE_RE.fullmatch(name):
+        raise HeartbeatRefused("bad_name", f"{what} must be 1-{MAX_SOURCE_NAME} characters of letters, digits, "
+                                           f"_ . : / - (starting with a letter or digit), got {_show(name)}")
+    return name
 
 
 #: heartbeat ``extra`` limits: keys per region, key length
 MAX_EXTRA_KEYS = 16
 MAX_EXTRA_KEY_LEN = 64
+_EXTRA_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+#: the table's compact-JSON size bound (``RegistryState.table_bound_bytes``), by part, with every name and
+#: number at its bound (a name: its characters + 3 for the quotes and colon; a number: at most 25).
+#: Per region: its entry (name, four figures ~120, and MAX_EXTRA_KEYS extras of a 64-character name and a
+#: number: 16 * 93), the key of its RTT row (70), its snapshot version (89) and the key of its prefix
+#: summary (68) -- the summary itself is ``max_summary_bytes`` more:
+PER_REGION_BYTES = (MAX_REGION_NAME + 3 + 120 + MAX_EXTRA_KEYS * (MAX_EXTRA_KEY_LEN + 3 + 26)) + 70 + 89 + 68
+#: per measured RTT (a peer's name and a number): a region's row holds one per known peer
+PER_RTT_BYTES = MAX_REGION_NAME + 3 + 26
+#: the rest of a reply: its keys and uptime (~200), up to MAX_BATCH_ITEMS snapshot acknowledgements (a
+#: source's name and a version), MAX_ERRORS error lines of MAX_ERROR_CHARS ASCII characters (each at most
+#: doubled by JSON's escapes) and the ``refused`` counts (~300)
+FIXED_BYTES = 200 + MAX_BATCH_ITEMS * (MAX_SOURCE_NAME + 3 + 22) + MAX_ERRORS * (2 * MAX_ERROR_CHARS + 3) + 300
 #: how a numeric extra is combined over a region's fresh sources (ingress replicas); others: mean.
 #: Each ingress replica has its own router (its own queue and in-flight requests) over the same
 #: replicas: queues and in-flight counts add up, the replica count does not.
@@ -101,8 +210,9 @@ def validate_extra(extra, what: str = "heartbeat.extra") -> Dict[str, float]:
         raise ValueError(f"{what} has {len(extra)} fields; at most {MAX_EXTRA_KEYS}")
     out = {}
     for k, v in extra.items():
-        if not isinstance(k, str) or not k or len(k) > MAX_EXTRA_KEY_LEN:
-            raise ValueError(f"{what}: field names must be strings of 1-{MAX_EXTRA_KEY_LEN} characters, got {k!r}")
+        if not isinstance(k, str) or not 0 < len(k) <= MAX_EXTRA_KEY_LEN or not _EXTRA_KEY_RE.fullmatch(k):
+            raise ValueError(f"{what}: field names must be 1-{MAX_EXTRA_KEY_LEN} characters of letters, digits, "
+                             f"_ . : -, got {_show(k)}")
         out[k] = _finite_nonneg(v, f"{what}[{k!r}]")
     return out
 
@@ -119,10 +229,32 @@ def _aggregate_extra(extras: List[Dict[str, float]]) -> Dict[str, float]:
     return out
 
 
+def _show_num(x) -> str:
+    """A bad number as an error line quotes it (a huge integer by its size, a string cut)."""
+    if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10**30:
+        return f"an integer of {x.bit_length()} bits"
+    if isinstance(x, (bool, int, float)) or x is None:
+        return repr(x)
+    return _show(x)
+
+
 def _finite_nonneg(x, what):
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-        raise ValueError(f"{what} must be a finite number >= 0, got {x!r}")
+    """A finite number in [0, MAX_NUMBER] (a larger int might not even convert to a float)."""
+    if (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= MAX_NUMBER
+            or not math.isfinite(x)):
+        raise ValueError(f"{what} must be a finite number in [0, {MAX_NUMBER:g}], got {_show_num(x)}")
     return x
+
+
+def _count(x, what):
+    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_COUNT:
+        raise ValueError(f"{what} must be an integer in [0, {MAX_COUNT}], got {_show_num(x)}")
+    return x
+
+
+def _clip(msg: str) -> str:
+    """An error line as a reply carries it: ASCII (escapes for the rest), at most MAX_ERROR_CHARS."""
+    return ascii(msg[: MAX_ERROR_CHARS])[1:-1][: MAX_ERROR_CHARS]
 
 
 class RegistryState:
@@ -139,7 +271,11 @@ class RegistryState:
         max_summary_bytes: int = 16 * 1024,
         clock: Callable[[], float] = time.monotonic,
         secret: Optional[str] = None,
+        regions: Optional[Iterable[str]] = None,
     ):
+        """``regions``: the deployment's regions (``app.py`` passes them); a heartbeat from any other
+        region is refused. None: any well-formed region name, at most ``max_regions`` of them.
+        ``secret``: see :data:`SECRET_ENV` (a guard against accidents, not security)."""
         for name, v in (("max_regions", max_regions), ("max_sources_per_region", max_sources_per_region),
                         ("max_snapshot_nodes", max_snapshot_nodes), ("max_snapshot_rows", max_snapshot_rows),
                         ("max_summary_bytes", max_summary_bytes)):
@@ -162,10 +298,49 @@ class RegistryState:
         self._snapshots = SnapshotStore(max_snapshot_nodes, max_snapshot_rows)
         self.max_summary_bytes = max_summary_bytes
         self._summaries: Dict[str, Dict[str, tuple]] = {}  # region -> source -> (wire dict, time)
+        self.regions: Optional[frozenset] = None
+        if regions is not None:
+            self.add_regions(regions)
         self.started_at = clock()
         self.heartbeats = 0
         self.rejected = 0
         self.unauthenticated = 0
+        self.refused: Dict[str, int] = {}  # code -> heartbeats refused for it (HeartbeatRefused)
+
+    def add_regions(self, regions: Iterable[str]) -> List[str]:
+        """Add the deployment's regions to the ones this registry serves (a redeployment may add some;
+        the list only grows, and regions nobody hears from are forgotten after ``drop_after_s`` anyway).
+        On a registry without a list (any name) this sets it: regions it holds that are not listed are
+        forgotten. Returns the list now served. Raises ValueError for a bad name or more than
+        ``max_regions`` regions."""
+        if isinstance(regions, str) or not isinstance(regions, Iterable):
+            raise ValueError(f"regions must be a list of region names, got {type(regions).__name__}")
+        names = [validate_region_name(r, "regions[]") for r in regions]
+        merged = set(self.regions or ()) | set(names)
+        if not merged:
+            raise ValueError("regions must name at least one region (or be None: any region)")
+        if len(merged) > self.max_regions:
+            raise ValueError(f"regions: {len(merged)} regions; this registry holds at most max_regions="
+                             f"{self.max_regions}")
+        self.regions = frozenset(merged)
+        for r in [r for r in self._sources if r not in self.regions]:
+            self._forget(r)
+        return sorted(self.regions)
+
+    def table_bound_bytes(self) -> int:
+        """The most bytes a reply (:meth:`heartbeat_batch`'s table, compact JSON) can take, whatever
+        heartbeats arrive: ``n * (PER_REGION_BYTES + max_summary_bytes + n * PER_RTT_BYTES) + FIXED_BYTES``
+        for ``n`` regions (the configured ones, else ``max_regions``)."""
+        n = len(self.regions) if self.regions is not None else self.max_regions
+        return n * (PER_REGION_BYTES + self.max_summary_bytes + n * PER_RTT_BYTES) + FIXED_BYTES
+
+    def _refuse(self, e: HeartbeatRefused, counts: Dict[str, int]) -> str:
+        self.refused[e.code] = n = self.refused.get(e.code, 0) + 1
+        counts[e.code] = counts.get(e.code, 0) + 1
+        line = _clip(str(e))
+        if n == 1 or (n >= 10 and math.log10(n).is_integer()):  # once per code, then at 10, 100, ...
+            logger.warning("registry refused a heartbeat (%d so far for %s): %s", n, e.code, line)
+        return line
 
     # ------------------------------------------------------------ updates
     def heartbeat_batch(self, items: Iterable[dict]) -> dict:
@@ -182,33 +357,50 @@ class RegistryState:
         """
         now = self._clock()
         errors: List[str] = []
+        counts: Dict[str, int] = {}
         acks: Dict[str, Optional[int]] = {}
         if not isinstance(items, (list, tuple)):
             items = [items]
+        if len(items) > MAX_BATCH_ITEMS:
+            errors.append(self._refuse(HeartbeatRefused(
+                "batch_too_large", f"{len(items)} heartbeats in one call; the first {MAX_BATCH_ITEMS} were "
+                                   f"read, the rest refused"), counts))
+            items = items[:MAX_BATCH_ITEMS]
         for item in items:
             if self._secret is not None and not self._authentic(item):
                 self.unauthenticated += 1
-                errors.append(f"heartbeat from {item.get('source') if isinstance(item, dict) else '?'!r}: "
-                              f"missing or wrong registry token ({SECRET_ENV})")
+                who = _show(item.get("source")) if isinstance(item, dict) else "?"
+                errors.append(self._refuse(HeartbeatRefused(
+                    "unauthenticated", f"heartbeat from {who}: missing or wrong registry token ({SECRET_ENV})"),
+                    counts))
                 continue
             try:
-                self._apply(item, now)
+                region, source, notes = self._apply(item, now)
                 self.heartbeats += 1
-            except (ValueError, TypeError, KeyError) as e:
+            except HeartbeatRefused as e:
                 self.rejected += 1
-                errors.append(str(e))
+                errors.append(self._refuse(e, counts))
                 continue
-            region, source = item["region"], str(item.get("source") or item["region"])
+            except (ValueError, TypeError, KeyError, ArithmeticError) as e:
+                self.rejected += 1
+                counts["malformed"] = counts.get("malformed", 0) + 1
+                self.refused["malformed"] = self.refused.get("malformed", 0) + 1
+                errors.append(_clip(str(e)))
+                continue
+            errors.extend(notes)
             if item.get("prefix_summary") is not None:
                 err = self._apply_summary(region, source, item["prefix_summary"], now)
                 if err:
-                    errors.append(err)
+                    errors.append(_clip(err))
             if "snapshot" in item:
                 errors.append("heartbeat.snapshot (a whole snapshot) is not accepted: send snapshot_delta")
             if item.get("snapshot_delta") is not None:
-                acks[source], err = self._snapshots.apply(region, source, item["snapshot_delta"], now)
+                try:
+                    acks[source], err = self._snapshots.apply(region, source, item["snapshot_delta"], now)
+                except ArithmeticError as e:  # e.g. a huge integer where a float is read
+                    acks[source], err = self._snapshots.held(region, source), f"snapshot_delta refused: {e}"
                 if err:
-                    errors.append(err)
+                    errors.append(_clip(err))
             else:
                 acks[source] = self._snapshots.held(region, source)
         self._prune(now)
@@ -216,43 +408,61 @@ class RegistryState:
         if acks:
             table["snapshot_acks"] = acks
         if errors:
-            table["errors"] = errors[:10]
+            table["errors"] = errors[:MAX_ERRORS]
+        if counts:
+            table["refused"] = counts
         return table
 
     def _authentic(self, item) -> bool:
         token = item.get("token") if isinstance(item, dict) else None
         return isinstance(token, str) and hmac.compare_digest(token.encode(), self._secret)
 
-    def _apply(self, item: dict, now: float) -> None:
+    def _apply(self, item: dict, now: float):
+        """Validate and store one heartbeat; returns ``(region, source, notes)`` (notes: lines for the
+        reply about parts dropped, e.g. RTTs to unknown peers). Raises :class:`HeartbeatRefused` or
+        ValueError / TypeError, having changed nothing."""
         if not isinstance(item, dict):
             raise TypeError(f"heartbeat must be a dict, got {type(item).__name__}")
-        region = item.get("region")
-        if not isinstance(region, str) or not region:
-            raise ValueError(f"heartbeat.region must be a non-empty string, got {region!r}")
-        source = str(item.get("source") or region)
-        avail = item.get("available_replicas")
-        qlen = item.get("queue_len", 0)
-        for name, v in (("available_replicas", avail), ("queue_len", qlen)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"heartbeat.{name} must be an integer >= 0, got {v!r}")
+        region = validate_region_name(item.get("region"), "heartbeat.region")
+        if self.regions is not None and region not in self.regions:
+            raise HeartbeatRefused("unknown_region", f"heartbeat.region {region!r} is not one of this registry's "
+                                                     f"regions {sorted(self.regions)[:16]}")
+        source = _source_name(item["source"]) if item.get("source") is not None else region
+        avail = _count(item.get("available_replicas"), "heartbeat.available_replicas")
+        qlen = _count(item.get("queue_len", 0), "heartbeat.queue_len")
         rtts = item.get("rtts") or {}
         if not isinstance(rtts, dict) or len(rtts) > self.max_regions:
             raise ValueError(f"heartbeat.rtts must be a dict {{peer: seconds}} of at most {self.max_regions} peers")
-        clean_rtts = {peer: float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
-                      for peer, v in rtts.items() if isinstance(peer, str) and peer != region}
+        clean_rtts, dropped = {}, []
+        for peer, v in rtts.items():
+            if peer == region:
+                continue
+            if (not isinstance(peer, str) or not 0 < len(peer) <= MAX_REGION_NAME or not _REGION_RE.fullmatch(peer)
+                    or (self.regions is not None and peer not in self.regions)):
+                dropped.append(peer)
+                continue
+            clean_rtts[peer] = float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
         extra = validate_extra(item.get("extra"))
         delay = item.get("delay_s")
         if delay is not None:
             delay = _finite_nonneg(delay, "heartbeat.delay_s")
             if delay > MAX_DELAY_S:
                 raise ValueError(f"heartbeat.delay_s must be at most {MAX_DELAY_S:g} s, got {delay!r}")
-        # validated: now mutate
+        # room: a full registry refuses a new region or source; it never evicts a live one
         if region not in self._sources and len(self._sources) >= self.max_regions:
-            oldest = min(self._sources, key=lambda r: max(s["t"] for s in self._sources[r].values()))
-            self._forget(oldest)
-        srcs = self._sources.setdefault(region, {})
+            self._prune(now)
+            if len(self._sources) >= self.max_regions:
+                raise HeartbeatRefused("registry_full", f"new region {region!r} refused: the registry holds "
+                                                        f"max_regions={self.max_regions} regions")
+        srcs = self._sources.get(region, {})
         if source not in srcs and len(srcs) >= self.max_sources:
-            del srcs[min(srcs, key=lambda s: srcs[s]["t"])]
+            self._prune(now)
+            srcs = self._sources.get(region, {})
+            if len(srcs) >= self.max_sources:
+                raise HeartbeatRefused("sources_full", f"new source {source!r} of {region!r} refused: the region "
+                                                       f"has max_sources_per_region={self.max_sources} sources")
+        # validated: now mutate
+        srcs = self._sources.setdefault(region, {})
         # "t": when the source measured these figures, on this clock (its heartbeat's delay_s back from now)
         srcs[source] = {"available_replicas": avail, "queue_len": qlen, "t": now - (delay or 0.0), "extra": extra}
         if clean_rtts:
@@ -261,6 +471,11 @@ class RegistryState:
             if len(mine) > self.max_regions:
                 for peer in [p for p in mine if p not in self._sources][: len(mine) - self.max_regions]:
                     del mine[peer]
+        notes = []
+        if dropped:
+            notes.append(_clip(f"heartbeat.rtts from {source!r}: {len(dropped)} peer(s) dropped (not a known "
+                               f"region name), e.g. {_show(dropped[0])}"))
+        return region, source, notes
 
     def _apply_summary(self, region: str, source: str, wire, now: float) -> Optional[str]:
         """Store a source's prefix summary (the rest of the heartbeat applies whatever happens here)."""
@@ -291,6 +506,7 @@ class RegistryState:
             srcs = self._sources[region]
             for s in [s for s, v in srcs.items() if now - v["t"] > self.drop_after_s]:
                 del srcs[s]
+                self._summaries.get(region, {}).pop(s, None)
             if not srcs:
                 self._forget(region)
 
@@ -336,6 +552,9 @@ class RegistryState:
             "heartbeats": self.heartbeats,
             "rejected": self.rejected,
             "unauthenticated": self.unauthenticated,
+            "refused": dict(self.refused),
+            "regions_configured": None if self.regions is None else sorted(self.regions),
+            "table_bound_bytes": self.table_bound_bytes(),
             "uptime_s": self._clock() - self.started_at,
         }
 
@@ -355,6 +574,11 @@ def _actor_class():
 
         def heartbeat_batch(self, items: List[dict]) -> dict:
             return self.state.heartbeat_batch(items)
+
+        def add_regions(self, regions: List[str]) -> List[str]:
+            """A (re)deployment's regions (``RegistryState.add_regions``). Like every method here, any
+            process of the cluster can call it: the cluster is the trust boundary."""
+            return self.state.add_regions(regions)
 
         def table(self) -> dict:
             return self.state.table()
@@ -385,7 +609,12 @@ def __getattr__(name):  # lazy: importing this module must not import ray
 
 def get_or_create_registry(name: str = DEFAULT_NAME, namespace: str = DEFAULT_NAMESPACE,
                            config: Optional[dict] = None, label_selector: Optional[dict] = None):
-    """The named detached registry actor, created if it does not exist (race-free: ``get_if_exists``)."""
+    """The named detached registry actor, created if it does not exist (race-free: ``get_if_exists``).
+
+    ``config``: ``RegistryState`` kwargs, used only if this call creates the actor (and again whenever
+    Ray restarts it). Its ``regions`` are the deployment's; an actor that already exists keeps its own
+    list: call its ``add_regions`` to add a redeployment's (``app.deploy_region_apps`` and
+    ``RegistryClient`` do)."""
     if config is not None:
         RegistryState(**config)  # validate here, with a clear error, not in the actor
     cls = __getattr__("RegionRegistry")

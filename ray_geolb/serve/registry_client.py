@@ -9,6 +9,12 @@ reported, which counts from the measurement -- see ``heartbeat_batch``'s ``delay
 ``TwoLayerConfig.peer_stale_s`` every peer is stale and the region routes locally -- degraded, never
 stopped. After ``reresolve_after`` failed calls the client re-resolves the named actor (creating it
 again if it is gone for good).
+
+A heartbeat the registry refuses (its reply's ``refused``, ``{code: count}``, and ``errors``) is counted
+(``status()["refused"]``, ``last_refusal``) and logged once per streak. If the refusal is
+``unknown_region`` -- a registry created, or restarted by Ray, with an older deployment's region list --
+and this client's ``registry_config["regions"]`` lists its region, it adds that list to the registry
+(``add_regions``) and the next heartbeat is taken.
 """
 
 from __future__ import annotations
@@ -87,6 +93,9 @@ class RegistryClient:
         self.resolves = 0
         self.last_error: Optional[str] = None
         self.last_call_s = 0.0  # the last registry call's round trip (resolution left out)
+        self.refused = 0  # heartbeats the registry answered but refused (reply's "refused")
+        self.refused_in_a_row = 0
+        self.last_refusal: Optional[str] = None
         #: the one-way delay to the registry this source declares in its heartbeats (``delay_s``): half
         #: its last heartbeat's round trip; None until one succeeded
         self.delay_s: Optional[float] = None
@@ -118,6 +127,8 @@ class RegistryClient:
             "failures": self.failures,
             "resolves": self.resolves,
             "last_error": self.last_error,
+            "refused": self.refused,
+            "last_refusal": self.last_refusal,
         }
 
     # ------------------------------------------------------------ calls
@@ -186,7 +197,32 @@ class RegistryClient:
             self.on_table(table, received - self.delay_s)
         except Exception:  # noqa: BLE001
             logger.exception("on_table callback failed")
+        await self._on_refused(table.get("refused") if isinstance(table, dict) else None, table)
         return True
+
+    async def _on_refused(self, refused, table: dict) -> None:
+        """Count and log a refused heartbeat; on ``unknown_region`` add this deployment's regions."""
+        if not refused:
+            self.refused_in_a_row = 0
+            return
+        self.refused += 1
+        self.refused_in_a_row += 1
+        self.last_refusal = "; ".join(str(e) for e in (table.get("errors") or [])[:3])[:500] or str(refused)
+        streak = self.refused_in_a_row
+        if streak == 1 or streak % 100 == 0:
+            logger.warning("registry refused the heartbeat of %s (%d in a row): %s", self.source, streak,
+                           self.last_refusal)
+        regions = (self.registry_config or {}).get("regions")
+        if ("unknown_region" in refused and regions and self.region in regions
+                and (streak == 1 or streak % 20 == 0)):
+            try:
+                now = await self.call("add_regions", list(regions))
+                logger.warning("registry did not know region %s: added this deployment's regions, it now "
+                               "serves %s", self.region, now)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - e.g. the registry is full: the refusal stays visible
+                self.last_error = f"add_regions: {type(e).__name__}: {e}"[:300]
 
     async def _run(self) -> None:
         while True:

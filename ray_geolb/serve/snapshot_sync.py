@@ -63,8 +63,11 @@ def _recency(row):
 
 
 def _int(x, what: str) -> int:
+    """An integer of at most 64 bits and a sign (keys are 64-bit hashes; versions count up)."""
     if isinstance(x, bool) or not isinstance(x, int):
         raise ValueError(f"{what} must be an integer, got {type(x).__name__}")
+    if not -(1 << 64) < x < (1 << 64):
+        raise ValueError(f"{what} must fit in 64 bits, got an integer of {x.bit_length()} bits")
     return x
 
 
@@ -82,7 +85,8 @@ def _row(row, what: str) -> list:
     for t, ts in targets.items():
         if not isinstance(t, str) or not 0 < len(t) <= 256:
             raise ValueError(f"{what}.targets: names must be strings of 1-256 characters")
-        if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        if (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not -1e18 < ts < 1e18
+                or not math.isfinite(ts)):
             raise ValueError(f"{what}.targets[{t!r}] must be a finite number")
         clean[t] = float(ts)
     return [key, parent, start, end, clean]

@@ -409,7 +409,7 @@ class Simulator:
         self.registry: Optional[RegistryState] = None
         if self._forwarding:
             # the registry every LB heartbeats through (serve/registry.py's state, on the virtual clock)
-            self.registry = RegistryState(clock=self._clock)
+            self.registry = RegistryState(clock=self._clock, regions=list(self.lbs))
             self.registry_region = dep.registry_region()
             for lb in self.lbs.values():  # known but unheard: unavailable until a heartbeat says otherwise
                 for p in lb.peers:

@@ -163,15 +163,17 @@ def test_memory_bounds_regions_sources_and_stale_drop():
     st = RegistryState(clock=clk, max_regions=3, max_sources_per_region=2, drop_after_s=10)
     for i, r in enumerate(["a", "b", "c", "d"]):
         clk.t += 1
-        st.heartbeat_batch([hb(r, 1)])
-    assert set(st.table()["regions"]) == {"b", "c", "d"}  # oldest region evicted
+        t = st.heartbeat_batch([hb(r, 1)])
+    assert set(st.table()["regions"]) == {"a", "b", "c"}  # full: the new region is refused, none evicted
+    assert t["refused"] == {"registry_full": 1} and "registry_full" in t["errors"][0]
     for s in ["s1", "s2", "s3"]:
         clk.t += 1
-        st.heartbeat_batch([hb("b", 1, source=s)])
-    assert st.table()["regions"]["b"]["sources"] == 2
+        t = st.heartbeat_batch([hb("b", 1, source=s)])
+    assert st.table()["regions"]["b"]["sources"] == 2  # "b" (its own name) and s1; s2, s3 refused
+    assert t["refused"] == {"sources_full": 1} and st.stats()["refused"] == {"registry_full": 1, "sources_full": 2}
     clk.t += 11
     st.heartbeat_batch([hb("d", 1)])
-    assert set(st.table()["regions"]) == {"d"}  # regions not heard for drop_after_s are forgotten
+    assert set(st.table()["regions"]) == {"d"}  # regions not heard for drop_after_s are forgotten: room again
 
 
 def test_rtts_stored_and_peer_states_use_own_measurement():
@@ -323,6 +325,201 @@ def test_prefix_summaries_are_relayed_per_region_validated_and_bounded():
     assert any("eu/1" in e and "at most 50" in e for e in t["errors"]), t["errors"]
     assert any("asia/1" in e and "prefix_summary" in e for e in t["errors"]), t["errors"]
     assert t["prefix_summaries"] == {}
+
+
+# ------------------------------------------------------------------ flooding (issue 24)
+REAL = ("us", "eu", "asia")
+#: the bound the docs state for a three-region deployment's registry (RegistryState.table_bound_bytes)
+THREE_REGION_TABLE_BOUND = 67_121
+
+
+def _real_heartbeats(summary_wire):
+    """What the three real ingresses send: figures, RTTs to each other, cost extras and a prefix summary."""
+    return [hb(r, 2 if r == "us" else 1, i, source=f"{r}/real", rtts={p: 0.1 for p in REAL if p != r},
+               extra={"queued_tokens": 100.0 * i, "inflight": i, "t_p_s": 1e-4, "replicas": 1},
+               prefix_summary=summary_wire) for i, r in enumerate(REAL)]
+
+
+def _summary_wire():
+    from ray_geolb.policy.region.prefix_summary import PrefixSummary
+
+    idx = PrefixIndex(block_chars=64, growth=0.125)
+    for i in range(300):
+        idx.insert(f"document {i} " * 40, "r1", now=float(i))
+    return PrefixSummary.build(idx).to_wire()
+
+
+def _flood(fakes=200):
+    """Heartbeats from a runaway or misconfigured client: 1 MB, 65-character, non-ASCII and control-character
+    names, 200 well-formed fake regions with the largest figures, RTT tables and extras, fake sources."""
+    huge = "x" * (1 << 20)
+    bad_names = [huge, "r" * 65, "ü-region", "us\n", "us/1", "", " us", 12345, None, ["us"]]
+    items = [hb(name, 1) for name in bad_names]
+    items += [hb("us", 1, source=huge), hb("eu", 1, source="e" * 129), hb("asia", 1, source=b"asia/1")]
+    big_extra = {f"k{i:02d}" + "z" * 61: 1e15 for i in range(16)}
+    items += [hb(f"fake{i:03d}" + "f" * 57, 10**9, 10**9, source=f"fake{i:03d}/" + "s" * 100,
+                 rtts={f"peer{j}" + "p" * 56: 9.99e14 for j in range(60)}, extra=big_extra)
+              for i in range(fakes)]
+    # junk in the fields of the real sources' own heartbeats: refused whole, or (the last two) the junk
+    # part dropped and named (an RTT to an unknown peer, a snapshot delta) while the figures apply
+    items += [hb("us", 10**5000, source="us/real"), hb("eu", 1, source="eu/real", extra={"inflight": 10**400}),
+              hb("eu", 1, source="eu/real", extra={huge: 1.0}), hb("us", 2, source="us/real", rtts={huge: 0.1}),
+              hb("asia", 1, source="asia/real", snapshot_delta={"version": 10**100, "reset": True})]
+    return items
+
+
+def _table_bytes(table):
+    return len(json.dumps(table, separators=(",", ":")))
+
+
+def test_a_flood_of_long_names_and_fake_regions_leaves_the_real_regions_and_a_bounded_table():
+    clk = FakeClock()
+    st = RegistryState(clock=clk, regions=REAL)
+    assert st.table_bound_bytes() == THREE_REGION_TABLE_BOUND
+    wire = _summary_wire()
+    st.heartbeat_batch(_real_heartbeats(wire))
+    sizes, replies = [], []
+    flood = _flood()
+    for i in range(0, len(flood), 32):  # in batches of MAX_BATCH_ITEMS (a larger batch: see below)
+        clk.t += 0.1
+        t = st.heartbeat_batch(flood[i:i + 32])
+        sizes.append(_table_bytes(t))
+        replies.append(t)
+    t = st.heartbeat_batch(_real_heartbeats(wire))
+    sizes.append(_table_bytes(t))
+    assert set(t["regions"]) == set(REAL)  # the real regions stay, no fake one got in
+    assert {r: t["regions"][r]["available_replicas"] for r in REAL} == {"us": 2, "eu": 1, "asia": 1}
+    assert all(t["regions"][r]["sources"] == 1 for r in REAL)  # no flooded source got in
+    assert t["rtts"] == {r: {p: 0.1 for p in REAL if p != r} for r in REAL}  # only known peers
+    assert set(t["prefix_summaries"]) == set(REAL)
+    assert max(sizes) <= st.table_bound_bytes() == THREE_REGION_TABLE_BOUND
+    # every refusal typed and counted, the replies name why, and their error lines are short ASCII
+    refused = st.stats()["refused"]
+    assert refused["unknown_region"] == 200 and refused["bad_name"] >= 9 + 3, refused
+    assert sum(refused.values()) == st.rejected == len(flood) - 2
+    codes = set()
+    for r in replies:
+        codes |= set(r["refused"])
+        assert all(len(e) <= 300 and e.isascii() for e in r["errors"]) and len(r["errors"]) <= 10
+    assert codes == {"bad_name", "unknown_region", "malformed"}
+    assert any("(1048576 characters)" in e for r in replies for e in r["errors"])
+    # a single oversized batch: the first MAX_BATCH_ITEMS are read, the rest refused by name
+    t = st.heartbeat_batch(_flood())
+    assert t["refused"]["batch_too_large"] == 1 and _table_bytes(t) <= st.table_bound_bytes()
+    assert set(t["regions"]) == set(REAL)
+
+
+def test_without_a_region_list_a_full_registry_refuses_new_regions_and_never_evicts():
+    """A bare RegistryState (the region list unknown): well-formed fakes fill the free places, then are
+    refused; the real regions, heard first, keep theirs, and the table stays within the bound for
+    ``max_regions`` regions."""
+    clk = FakeClock()
+    st = RegistryState(clock=clk)
+    wire = _summary_wire()
+    st.heartbeat_batch(_real_heartbeats(wire))
+    flood = _flood()
+    sizes = []
+    for i in range(0, len(flood), 32):
+        clk.t += 0.1
+        sizes.append(_table_bytes(st.heartbeat_batch(flood[i:i + 32])))
+        sizes.append(_table_bytes(st.heartbeat_batch(_real_heartbeats(wire))))
+    t = st.table()
+    assert set(REAL) <= set(t["regions"]) and len(t["regions"]) == st.max_regions == 64
+    assert {r: t["regions"][r]["available_replicas"] for r in REAL} == {"us": 2, "eu": 1, "asia": 1}
+    assert st.stats()["refused"]["registry_full"] == 200 - 61
+    assert max(sizes) <= st.table_bound_bytes()
+    # a fake region only leaves by not being heard from; the real ones, still heart-beating, stay
+    clk.t += st.drop_after_s + 1
+    t = st.heartbeat_batch(_real_heartbeats(wire))
+    assert set(t["regions"]) == set(REAL)
+
+
+def test_a_flood_of_sources_does_not_evict_a_live_source():
+    clk = FakeClock()
+    st = RegistryState(clock=clk, regions=REAL, max_sources_per_region=4)
+    st.heartbeat_batch([hb("us", 2, source="us/real")])
+    t = st.heartbeat_batch([hb("us", 0, source=f"us/fake{i}") for i in range(20)])
+    assert t["refused"] == {"sources_full": 17} and st.table()["regions"]["us"]["sources"] == 4
+    t = st.heartbeat_batch([hb("us", 2, source="us/real")])  # the live source keeps its place
+    assert "refused" not in t and t["snapshot_acks"] == {"us/real": None}
+    clk.t += st.drop_after_s + 1  # the fakes fall silent, age out, and a new real replica gets in
+    st.heartbeat_batch([hb("us", 2, source="us/real")])
+    t = st.heartbeat_batch([hb("us", 1, source="us/real2")])
+    assert "refused" not in t and t["regions"]["us"]["sources"] == 2
+
+
+def test_a_table_filled_to_every_bound_stays_within_the_stated_bound():
+    """Names, figures, extras, RTTs, sources, acknowledgements and error lines all at their bounds, with
+    prefix summaries of max_summary_bytes: the reply is within table_bound_bytes, which is not loose
+    by more than a factor of two."""
+    import base64
+
+    clk = FakeClock()
+    regions = [f"{i}" + "r" * 63 for i in range(3)]
+    st = RegistryState(clock=clk, regions=regions, max_summary_bytes=16 * 1024)
+    m = 8 * 12_000  # a well-formed summary just under 16 KB of JSON
+    wire = {"v": 1, "geometry": [64, 0.125], "m": m, "k": 7, "n": 9000,
+            "bits": base64.b64encode(bytes(range(256)) * (m // 8 // 256) + bytes(m // 8 % 256)).decode()}
+    assert len(json.dumps(wire, separators=(",", ":"))) <= 16 * 1024
+    extra = {f"k{i:02d}" + "z" * 61: 123456789.12345679 for i in range(16)}
+    for r in regions:
+        items = [hb(r, 10**9, 10**9, source=f"{r}/{j}" + "s" * 40,
+                    rtts={p: 0.123456789012345 for p in regions if p != r}, extra=extra,
+                    prefix_summary=wire, snapshot_delta={"version": 2**63, "reset": True, "geometry": [64, 0.125],
+                                                         "upsert": [], "remove": []})
+                 for j in range(22)]
+        t = st.heartbeat_batch(items + [hb("x" * 400, 1)] * 10)
+    size = _table_bytes(t)
+    assert len(t["errors"]) == 10 and len(t["snapshot_acks"]) == 22
+    assert st.table_bound_bytes() / 2 < size <= st.table_bound_bytes(), (size, st.table_bound_bytes())
+
+
+@pytest.mark.parametrize("item, code", [
+    (hb("r" * 65, 1), "bad_name"),
+    (hb("us/1", 1), "bad_name"),
+    (hb("ü", 1), "bad_name"),
+    (hb("mars", 1), "unknown_region"),
+    (hb("us", 1, source="s" * 129), "bad_name"),
+    (hb("us", 1, source="us 1"), "bad_name"),
+])
+def test_bad_or_unknown_names_are_refused_by_a_typed_error(item, code):
+    from ray_geolb.serve.registry import HeartbeatRefused, validate_region_name
+
+    st = RegistryState(clock=FakeClock(), regions=REAL)
+    t = st.heartbeat_batch([item, hb("eu", 1, source="eu/a1b2c3d4")])
+    assert set(t["regions"]) == {"eu"} and t["refused"] == {code: 1} and t["errors"][0].startswith(code + ":")
+    assert st.stats()["refused"] == {code: 1}
+    with pytest.raises(HeartbeatRefused) as e:
+        validate_region_name("r" * 65)
+    assert e.value.code == "bad_name" and isinstance(e.value, ValueError)
+
+
+def test_region_list_grows_by_add_regions_and_is_checked():
+    st = RegistryState(clock=FakeClock(), regions=["us", "eu"])
+    assert st.heartbeat_batch([hb("asia", 1)])["refused"] == {"unknown_region": 1}
+    assert st.add_regions(["asia"]) == ["asia", "eu", "us"]
+    assert "asia" in st.heartbeat_batch([hb("asia", 1)])["regions"]
+    with pytest.raises(ValueError, match="max_regions"):
+        RegistryState(regions=[f"r{i}" for i in range(5)], max_regions=4)
+    with pytest.raises(ValueError, match="bad_name"):
+        RegistryState(regions=["x" * 65])
+    # a registry without a list takes the first list it is given: what it held outside it is forgotten
+    open_st = RegistryState(clock=FakeClock())
+    open_st.heartbeat_batch([hb("us", 1), hb("stray", 1)])
+    open_st.add_regions(["us", "eu"])
+    assert set(open_st.table()["regions"]) == {"us"} and open_st.stats()["regions_configured"] == ["eu", "us"]
+
+
+def test_the_deployment_passes_its_regions_to_the_registry():
+    from ray_geolb.serve.app import _registry_options
+
+    opts = _registry_options(None, {"us": 2, "eu": 1, "asia": 1})
+    assert opts["config"]["regions"] == ["asia", "eu", "us"]
+    RegistryState(**opts["config"])  # a valid RegistryState config
+    assert _registry_options({"config": {"regions": ["us", "eu", "asia", "au"]}},
+                             {"us": 2, "eu": 1, "asia": 1})["config"]["regions"] == ["asia", "au", "eu", "us"]
+    with pytest.raises(ValueError, match="lacks"):
+        _registry_options({"config": {"regions": ["us"]}}, {"us": 2, "eu": 1})
 
 
 def test_trim_keeps_parents():
@@ -486,3 +683,42 @@ def test_client_without_registry_degrades(ray_local):
         await c.stop()
 
     asyncio.run(main())
+
+
+@pytest.mark.ray
+def test_the_actor_refuses_a_flood_and_a_client_adds_its_deployments_regions(ray_local):
+    """The real actor: created with an older deployment's region list (us, asia), it refuses eu's first
+    heartbeat as unknown_region; eu's RegistryClient, whose deployment lists eu, adds that list and is
+    heard. Then a flood of long names and 200 fake regions: the real regions stay and every reply is
+    within the stated bound."""
+    ray = ray_local
+    from ray_geolb.serve.registry import get_or_create_registry
+
+    name, ns = "reg_flood", "geolb_t"
+    actor = get_or_create_registry(name=name, namespace=ns, config={"regions": ["us", "asia"]})
+    wire = _summary_wire()
+    ray.get(actor.heartbeat_batch.remote([h for h in _real_heartbeats(wire) if h["region"] != "eu"]), timeout=30)
+
+    async def main():
+        eu = RegistryClient("eu", "eu/real", lambda: {"available_replicas": 1, "queue_len": 0}, lambda t, r: None,
+                            name=name, namespace=ns, period_s=0.1, timeout_s=2.0,
+                            registry_config={"regions": list(REAL)})
+        eu.start()
+        deadline = time.monotonic() + 30
+        while not (eu.last_table and "eu" in eu.last_table["regions"]):
+            await asyncio.sleep(0.1)
+            assert time.monotonic() < deadline, eu.status()
+        assert eu.status()["refused"] >= 1 and "unknown_region" in eu.status()["last_refusal"]
+        await eu.stop()
+
+    asyncio.run(main())
+    flood = _flood()
+    sizes = [_table_bytes(ray.get(actor.heartbeat_batch.remote(flood[i:i + 32]), timeout=60))
+             for i in range(0, len(flood), 32)]
+    t = ray.get(actor.heartbeat_batch.remote(_real_heartbeats(wire)), timeout=30)
+    stats = ray.get(actor.stats.remote(), timeout=30)
+    assert set(t["regions"]) == set(REAL) and set(t["prefix_summaries"]) == set(REAL)
+    assert {r: t["regions"][r]["available_replicas"] for r in REAL} == {"us": 2, "eu": 1, "asia": 1}
+    assert stats["regions_configured"] == sorted(REAL) and stats["refused"]["unknown_region"] >= 200
+    assert max(sizes + [_table_bytes(t)]) <= stats["table_bound_bytes"] == THREE_REGION_TABLE_BOUND
+    ray.kill(actor)
