@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-#: top-level module -> the pip requirement that provides it (pyproject.toml: core deps + ``[demo]``)
+#: top-level module -> the pip requirement that provides it (pyproject.toml: core deps + ``[demo]``,
+#: whose ``ray[serve,llm]`` brings Ray Serve LLM's own imports: vLLM for its protocol models, pyarrow)
 _PROVIDERS = {
     "xxhash": "xxhash", "numpy": "numpy", "pydantic": "pydantic", "ray": "ray[serve]==2.60.*",
     "fastapi": "fastapi<0.137", "httpx": "ray_geolb[demo]", "matplotlib": "ray_geolb[demo]",
-    "tqdm": "ray_geolb[demo]",
+    "tqdm": "ray_geolb[demo]", "vllm": "ray_geolb[demo]", "pyarrow": "ray_geolb[demo]",
 }
 
 
@@ -61,8 +62,10 @@ def _run(argv) -> int:
 def main(argv=None) -> int:
     try:
         return _run(argv)
-    except ModuleNotFoundError as e:
+    except ImportError as e:
         top = (e.name or "").split(".")[0]
+        if top not in _PROVIDERS and "Neither vLLM nor SGLang" in str(e):
+            top = "vllm"  # Ray Serve LLM's protocol models: raised as a plain ImportError
         if top not in _PROVIDERS:
             raise
         print(f"error: ray_geolb needs the Python package {top!r}, which is not installed here; install it "

@@ -1,6 +1,7 @@
 """``python -m ray_geolb demo``: three regions on one machine, three routers, one table.
 
-What it does (CPU only, ~3 minutes with the defaults):
+What it does (CPU only, about 3-4 minutes with the defaults on a 2-core machine; it prints its
+expected duration at start; ``--long`` runs 30 s of load per router instead of 10):
 
 1. starts a local Ray cluster of three nodes labelled ``ray.io/availability-region`` = us / eu / asia
    (``ray.cluster_utils.Cluster``, its own temp dir) and Ray Serve with one HTTP proxy;
@@ -19,6 +20,10 @@ What it does (CPU only, ~3 minutes with the defaults):
 3. prints a side-by-side table (throughput, TTFT p50/p99, prefix-cache hit rate from the engines'
    stats, cross-region share, errors) and writes ``demo.png`` + ``demo.json`` to ``--out``.
 
+The terminal shows the demo's own progress per router, then the table. Ray's and Serve's logs (the
+driver's loggers, the local cluster's processes, vLLM's import-time lines) go to ``<out>/ray.log``,
+named at start; of them only WARNING and above also reach the terminal.
+
 Ctrl-C stops the run and still shuts Serve, Ray and the local cluster down (a second Ctrl-C during
 cleanup exits at once).
 """
@@ -27,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import signal
 import sys
@@ -42,10 +49,82 @@ ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow
                  "ray_prefix": "Ray PrefixCacheAffinity", "central": "Central Ray prefix (all regions)"}
 #: the region the central router runs in (``--routers central``)
 CENTRAL_HOME = "us"
+#: seconds of load per router: the default, and ``--long``'s
+DEFAULT_DURATION_S = 10.0
+LONG_DURATION_S = 30.0
+#: wall seconds a run spends besides the load, measured on a 2-core machine (the expected duration
+#: printed at start): starting the three-node cluster and Serve, and per router its deployment,
+#: warm-up, stats and teardown
+STARTUP_S = 25.0
+PER_ROUTER_OVERHEAD_S = 50.0
 
 
 def _say(msg: str) -> None:
     print(f"[demo {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+#: the terminal's stderr, and the log file's descriptor, while Ray's output goes to the log file
+#: (:func:`ray_logs_to_file`)
+_TERMINAL_ERR = None
+_LOG_FD: Optional[int] = None
+
+
+def _err(msg: str) -> None:
+    print(msg, file=_TERMINAL_ERR or sys.stderr, flush=True)
+
+
+def expected_duration_s(n_routers: int, duration_s: float) -> float:
+    return STARTUP_S + n_routers * (PER_ROUTER_OVERHEAD_S + duration_s)
+
+
+@contextlib.contextmanager
+def ray_logs_to_file(path: Path):
+    """Inside the block, everything written to this process's stderr -- Ray's and Serve's Python
+    loggers, Ray's C++ core, the local cluster's processes (they inherit it), Python warnings -- goes
+    to ``path``; Ray's WARNING-and-above records also reach the terminal, as one line each. The demo's
+    own progress and table are on stdout and stay there."""
+    global _TERMINAL_ERR, _LOG_FD
+    sys.stderr.flush()
+    log = open(path, "ab", buffering=0)
+    _LOG_FD = log.fileno()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    term = os.fdopen(os.dup(saved), "w", buffering=1)
+    _TERMINAL_ERR = term
+    to_term = logging.StreamHandler(term)
+    to_term.setLevel(logging.WARNING)
+    to_term.setFormatter(logging.Formatter("[%(name)s %(levelname)s] %(message)s"))
+    ray_logger = logging.getLogger("ray")
+    ray_logger.addHandler(to_term)
+    try:
+        yield
+    finally:
+        ray_logger.removeHandler(to_term)
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        _TERMINAL_ERR = _LOG_FD = None
+        term.close()
+        log.close()
+
+
+@contextlib.contextmanager
+def stdout_to_log():
+    """Inside :func:`ray_logs_to_file`, stdout too goes to the log file: for the shutdown, where Ray
+    prints its processes' last lines (``(raylet) Task ServeController.graceful_shutdown failed ...``)
+    to the driver's stdout."""
+    if _LOG_FD is None:
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(_LOG_FD, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def _parse_clients(s: str) -> Dict[str, int]:
@@ -69,7 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ray_geolb demo", description=__doc__.splitlines()[0])
     ap.add_argument("--routers", default="geo,pow2,ray_prefix,central",
                     help="comma-separated subset of geo,pow2,ray_prefix,central (default: all four)")
-    ap.add_argument("--duration", type=float, default=30.0, help="seconds of load per router (default 30)")
+    ap.add_argument("--duration", type=float, default=None,
+                    help=f"seconds of load per router (default {DEFAULT_DURATION_S:g}; --long: {LONG_DURATION_S:g})")
+    ap.add_argument("--long", action="store_true",
+                    help=f"the longer run: {LONG_DURATION_S:g} s of load per router (steadier figures; "
+                         "benchmarks/RESULTS.md section 6 uses it)")
     ap.add_argument("--replicas", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
                     help="replicas per region, e.g. us=2,eu=1,asia=1")
     ap.add_argument("--conv-clients", type=_parse_clients, default={"us": 16, "eu": 1, "asia": 1},
@@ -89,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", default=None,
                     help="GeoPrefixRouter policy for the 'geo' router (default: the router's default, geoprefix; "
                          "e.g. skylb for SkyLB with its prefix-snapshot region layer)")
-    ap.add_argument("--out", default="out/demo", help="output directory for demo.png / demo.json")
+    ap.add_argument("--out", default="out/demo", help="output directory for demo.png / demo.json / ray.log")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
     return ap
@@ -419,10 +502,27 @@ def _write_outputs(rows: List[dict], args, out: Path) -> None:
         _say(f"wrote {p}" if p else "matplotlib not installed: no PNG")
 
 
+#: what the demo imports beyond the core package: the load generator, and Ray Serve LLM's own imports
+#: (its protocol models come from vLLM, its config module imports pyarrow); all in ``[demo]``
+DEMO_MODULES = ("httpx", "pyarrow", "vllm")
+
+
+def _preflight_imports() -> None:
+    """Stop before starting a cluster if the ``[demo]`` extra is not installed: ``python -m ray_geolb``
+    turns the error into one line naming the package and the install command."""
+    import importlib.util
+
+    for name in DEMO_MODULES:
+        if importlib.util.find_spec(name) is None:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    import logging
     import secrets
+
+    if args.duration is None:
+        args.duration = LONG_DURATION_S if args.long else DEFAULT_DURATION_S
 
     # the region ingresses' operator token for this run (the demo reads /v1/geolb/state with it)
     args.admin_token = secrets.token_hex(16)
@@ -434,9 +534,22 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     regions = list(args.replicas)
+    _preflight_imports()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    log_path = out / "ray.log"
+    log_path.write_text("")
+    # vLLM (imported here for Ray Serve LLM's protocol classes) logs INFO lines to stdout on import
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    est = expected_duration_s(len(routers), args.duration)
+    _say(f"{len(routers)} routers x {args.duration:g} s of load; expected duration about {est / 60:.1f} min on a "
+         f"2-core machine (--long: {LONG_DURATION_S:g} s per router)")
+    _say(f"Ray and Serve logs: {log_path} (only their warnings are shown here)")
+    with ray_logs_to_file(log_path):
+        return _run_demo(args, routers, regions, out)
 
+
+def _run_demo(args, routers: List[str], regions: List[str], out: Path) -> int:
     import ray
     from ray import serve
 
@@ -444,7 +557,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def on_sigint(signum, frame):
         if cleanup_started["v"]:
-            print("\n[demo] second Ctrl-C: exiting without waiting for cleanup", file=sys.stderr, flush=True)
+            _err("\n[demo] second Ctrl-C: exiting without waiting for cleanup")
             os._exit(130)
         raise KeyboardInterrupt
 
@@ -469,23 +582,24 @@ def main(argv: Optional[List[str]] = None) -> int:
         _say(f"wrote {out / 'demo.json'}; total {time.monotonic() - t_start:.0f} s")
         return 0
     except KeyboardInterrupt:
-        print("\n[demo] interrupted; shutting down ...", file=sys.stderr, flush=True)
+        _err("\n[demo] interrupted; shutting down ...")
         return 130
     finally:
         cleanup_started["v"] = True
-        try:
-            serve.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
-        try:
-            ray.shutdown()
-        except Exception:  # noqa: BLE001
-            pass
-        if cluster is not None:
+        with stdout_to_log():
             try:
-                cluster.shutdown()
+                serve.shutdown()
             except Exception:  # noqa: BLE001
                 pass
+            try:
+                ray.shutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            if cluster is not None:
+                try:
+                    cluster.shutdown()
+                except Exception:  # noqa: BLE001
+                    pass
         signal.signal(signal.SIGINT, old)
 
 

@@ -1,0 +1,61 @@
+"""``.ci/check_readme_commands.py`` reads the README's main-job line and its "Other entry points"
+itself, so the commands CI runs in the main job's venv are the ones a user reads. These checks run
+the script's parsing on the real README (no venv, no Ray): the main-job line is found and names its
+extras, and every documented entry point has exactly one tiny-input short form -- a new command
+without one fails here before it fails CI."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_readme_commands", ROOT / ".ci" / "check_readme_commands.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_main_job_line_is_read_from_the_readme_with_its_extras():
+    m = _checker()
+    line = m.main_job_line((ROOT / "README.md").read_text())
+    steps = [s.strip() for s in line.split("&&")]
+    assert steps[0] == "python3 -m venv .venv" and steps[2] == ".venv/bin/python -m ray_geolb demo", line
+    assert re.search(r'pip install -e "\.\[demo\]"', steps[1]), line
+    # the extra it installs is the one pyproject says carries Ray Serve LLM (the demo imports it)
+    py = (ROOT / "pyproject.toml").read_text()
+    demo = re.search(r"^demo = \[(.*)\]$", py, re.M).group(1)
+    assert "ray[serve,llm]" in demo and "httpx" in demo and "matplotlib" in demo, demo
+
+
+def test_every_documented_entry_point_has_one_short_form(tmp_path):
+    m = _checker()
+    cmds = m.entry_point_commands((ROOT / "README.md").read_text())
+    assert len(cmds) >= 9, cmds
+    for c in cmds:
+        argv, help_argv = m.short_form(c, tmp_path)
+        assert help_argv[-1] == "--help" and argv[: len(help_argv) - 1] == help_argv[:-1], (c, argv)
+        # outputs go to the temp folder, never into the checkout
+        outs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--out"]
+        assert all(o.startswith(str(tmp_path)) for o in outs), (c, outs)
+        # the placeholder path of the trace command is replaced by the bundled fixture
+        assert "/path/to/" not in " ".join(argv), argv
+
+
+def test_a_command_without_a_short_form_is_refused(tmp_path):
+    m = _checker()
+    try:
+        m.short_form(".venv/bin/python benchmarks/new_benchmark.py --big", tmp_path)
+    except SystemExit as e:
+        assert "new_benchmark.py" in str(e) and "add one" in str(e)
+    else:
+        raise AssertionError("a command with no short form was accepted")
+
+
+def test_the_demo_output_check_names_what_is_missing(tmp_path):
+    m = _checker()
+    problems = m.check_demo_output("INFO 2026 serve -- Deployment Options\n", tmp_path)
+    assert any("no table" in p for p in problems) and any("INFO lines" in p for p in problems)
+    assert any("demo.json" in p for p in problems) and any("PNG" in p for p in problems)
