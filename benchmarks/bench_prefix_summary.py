@@ -1,4 +1,4 @@
-"""Cost of the cross-region prefix summary (issue 13 item 2): bytes per heartbeat, build / parse time, and
+"""Cost of the cross-region prefix summary: bytes per heartbeat, build / parse time, and
 the extra time a GeoPrefix region decision spends matching the peers' summaries.
 
 A region ``us`` (GeoPrefix's local policy over 2 replicas, the 'cost' selector with ``GEOPREFIX_COST``)

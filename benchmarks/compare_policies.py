@@ -65,7 +65,7 @@ DEFAULT_SEEDS = "0,1,2,3"  # every scenario, network-hard and the conversation p
 # groups whose workload is multi-turn conversations (the hit-rate goal is judged there)
 CONVERSATION_GROUPS = {"skylb-fig8": ("conv-sharegpt", "conv-wildchat"), "skylb-fig10": None, "gorgo": None,
                        "network-hard": None}  # None: every group of the scenario
-# scenario -> groups where GeoPrefix's prefix-hit rate is judged against the oracle's (issue 13: >= 90 %)
+# scenario -> groups where GeoPrefix's prefix-hit rate is judged against the oracle's (the bar: >= 90 %)
 HIT_VS_ORACLE = {"shared-context": None}
 OURS, SKYLB, GORGO, ORACLE = "geoprefix", "skylb", "gorgo", "oracle"
 
@@ -289,8 +289,9 @@ def central_bar(agg: Dict[tuple, dict], scenarios: List[str]) -> (str, dict):
     counted = [d for d in data.values() if not d["degenerate"]]
     tally = {k: sum(bool(d["met"][k]) for d in counted) for k in ("throughput", "p99", "p50")}
     every = sum(all(d["met"].values()) for d in counted)
-    foot = (f"\nissue 13's bar over {len(counted)} counted groups ({len(data) - len(counted)} degenerate not counted; "
-            f"central LBs: {', '.join(sorted(central))}): throughput met on {tally['throughput']}, P99 on "
+    foot = (f"\nthe central-LB bar over {len(counted)} counted groups "
+            f"({len(data) - len(counted)} degenerate not counted; central LBs: {', '.join(sorted(central))}): "
+            f"throughput met on {tally['throughput']}, P99 on "
             f"{tally['p99']}, p50 on {tally['p50']}, all three on {every}\n")
     return "\n".join(head + rows) + "\n" + foot, data
 

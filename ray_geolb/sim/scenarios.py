@@ -51,7 +51,7 @@ benchmark): ToT nodes write 256 tokens each, conversation replies are cut at 256
   Hard because the right split changes with the instantaneous queues, and conversations make every
   forward cost a recompute. RTTs from the shipped IBM Cloud table; SkyLB's L4 profile; 60 s.
 
-* ``shared-context``: shared long contexts from every region (issue 13). Three regions (the default
+* ``shared-context``: shared long contexts from every region. Three regions (the default
   network: us / eu / asia, 98-237 ms), two Mistral-7B A100 replicas each (``mistral-7b-a100``: a
   4,000-8,000-token context costs 0.4-0.75 s of prefill, more than any RTT here). Group ``rag``: 24
   clients per region ask about a turning-over pool of 64 live contexts (RAG documents / agent contexts,

@@ -39,7 +39,7 @@ def test_every_named_system_runs_a_tiny_scenario(system):
     assert m["system"] == system
 
 
-def test_issue5_systems_have_their_intended_deployment():
+def test_seed_systems_have_their_intended_deployment():
     reps = {"us-west": 1, "germany": 1, "israel": 1}
     kw = dict(network="gorgo", central_region="us-west")
     g = deployment_for("gorgo", reps, **kw)

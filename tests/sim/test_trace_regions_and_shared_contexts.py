@@ -166,7 +166,7 @@ def test_compare_policies_runs_the_new_scenario_and_four_seeds():
     assert len({int(s) for s in cp.DEFAULT_SEEDS.split(",")}) >= 4  # what --seeds defaults to
 
 
-def test_compare_policies_judges_issue_13s_bar_against_the_best_central_lb_per_criterion():
+def test_compare_policies_judges_the_central_lb_bar_against_the_best_central_lb_per_criterion():
     cp = _compare_policies()
     central = cp._central_systems()
     assert {"sgl", "ll", "ch", "ray-prefix", "gorgo-proxy"} <= set(central)

@@ -53,8 +53,8 @@ class CostSelectorConfig(_Strict):
                           "forwarded-since-heartbeat accounting (Q_fwd in the remote queue, the in-flight count) "
                           "prices those forwards and availability reads the heartbeat's queue (no double counting)")
     forward_before_saturation: bool = Field(
-        False, description="also price a forward when a local replica IS available (layer 1 by expected TTFT, "
-                           "issue 13): forward when the best peer is cheaper than staying by forward_margin_s")
+        False, description="also price a forward when a local replica IS available (layer 1 by expected TTFT): "
+                           "forward when the best peer is cheaper than staying by forward_margin_s")
     forward_margin_s: float = Field(0.25, ge=0.0, allow_inf_nan=False,
                                     description="saving (s of expected TTFT) a forward before saturation needs")
     forward_hysteresis: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False,
@@ -63,7 +63,7 @@ class CostSelectorConfig(_Strict):
     peer_summary: bool = Field(
         False, description="publish this region's prefix summary (region/prefix_summary.py: a Bloom filter over its "
                            "prefix index's recent block keys) with each heartbeat, and price a forward's residual "
-                           "prefill at the peer's summary match too (issue 13 item 2)")
+                           "prefill at the peer's summary match too")
     summary_max_keys: int = Field(2048, ge=1, le=16384, description="block keys a published summary holds at most")
     summary_bits_per_key: int = Field(10, ge=4, le=32, description="Bloom filter bits per key (10: 7 hashes, "
                                                                    "<= 0.82 % false positives at full load)")

@@ -63,7 +63,7 @@ window) there is no term. ``GEOPREFIX_COST`` sets it; ``GORGO_COST`` does not (G
 term). The simulator and the Serve ingress both feed the same hook. What ``w_shared`` and the slot
 wait measured when they were added: ``benchmarks/RESULTS.md`` section 8.
 
-**Before saturation** (``forward_before_saturation``, off by default; issue 13 item 1): the router also
+**Before saturation** (``forward_before_saturation``, off by default): the router also
 asks the selector when a local replica *is* available (:meth:`CostSelector.select_before_saturation`):
 the same stay and peer prices, a forward only when it saves more than ``forward_margin_s`` (a peer
 already forwarded to keeps being chosen while it saves more than ``forward_hysteresis`` × the margin),

@@ -1,4 +1,4 @@
-"""What a region's replicas hold, as a peer may see it: a hash-only summary of its prefix index (issue 13).
+"""What a region's replicas hold, as a peer may see it: a hash-only summary of its prefix index.
 
 A region's load balancer knows which prompt prefixes it sent to its replicas (the local policy's
 :class:`~ray_geolb.policy.prefix_index.PrefixIndex`: chained 64-bit XXH3 block keys; a key identifies

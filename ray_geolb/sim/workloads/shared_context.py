@@ -1,4 +1,4 @@
-"""Shared long contexts from every region (issue 13): RAG documents or agent contexts of several thousand
+"""Shared long contexts from every region: RAG documents or agent contexts of several thousand
 tokens, a pool of them reused many times, each asked about from every region.
 
 Context pool: context ``d`` is a deterministic text of ``context_tokens`` (uniform in the given range,

@@ -1,4 +1,4 @@
-"""GeoPrefix's cost selector reads a peer's hash-only prefix summary (issue 13 item 2): a request whose long
+"""GeoPrefix's cost selector reads a peer's hash-only prefix summary: a request whose long
 prefix another region's replicas hold is forwarded there when RTT + the peer's expected TTFT is cheaper
 than staying, and stays otherwise; other systems ignore the summary."""
 

@@ -1,4 +1,4 @@
-"""What a peer's heartbeat cannot show is still priced (issue 13, ``network-hard`` at t = 0.3 s): the
+"""What a peer's heartbeat cannot show is still priced (``network-hard`` at t = 0.3 s): the
 forwards this LB sent that had not reached the peer when it measured, and the backlog SP-P has already
 pushed into the peer's engines."""
 

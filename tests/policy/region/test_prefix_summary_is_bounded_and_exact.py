@@ -1,4 +1,4 @@
-"""The hash-only prefix summary a region publishes (issue 13 item 2): bounded size, no false negatives,
+"""The hash-only prefix summary a region publishes: bounded size, no false negatives,
 a measured false-positive rate within the stated bound, and a wire format that rejects malformed input."""
 
 from __future__ import annotations
