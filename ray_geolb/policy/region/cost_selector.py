@@ -1,94 +1,10 @@
 """``remote="cost"``: the TTFT-cost peer selector of GORGO and GeoPrefix (:class:`CostSelector`).
 
-``TwoLayerConfig.remote`` = ``"prefix"`` / ``"ring"`` / ``"nearest"`` are SkyLB's choices (their own
-files here); ``"cost"`` is this selector, configured by ``TwoLayerConfig.cost``
-(:class:`~ray_geolb.policy.region.config.CostSelectorConfig`). The selector runs only when the local layer
-found no available replica (selective pushing) and compares, per request, an estimated TTFT of
-
-* **staying** (holding the request in this LB's queue) —
-  ``w_prefill·t_p·(L − L_hit_local) + q̂·t_p·(Q_lb + Σ_r Q_r) / n_replicas`` with ``Q_lb`` the tokens
-  queued at this LB (``RegionRouter.set_queue`` / ``heartbeat(queued_tokens=)``) and ``Q_r`` each
-  local replica's queued tokens (``LocalLayer.queued_tokens``, else reported waiting + dispatches the
-  report has not seen, at the mean prompt length);
-* **forwarding** to each available peer ``p`` (fresh heartbeat, ≥ 1 available replica, LB queue ≤ τ) —
-  ``w_rtt·RTT(p) + w_prefill·t_p(p)·(L − L_hit(p)) [+ q̂·W(p)]``.
-
-``L_hit`` is the regional snapshot's match (what this LB already forwarded there) in tokens at
-``chars_per_token`` -- with ``peer_summary`` (GeoPrefix) the longer of that and the peer's own
-hash-only prefix summary's match (``PeerState.prefix_summary``, ``region/prefix_summary.py``: what the
-peer's replicas were sent, by anyone); ``RTT(p)`` is the router's EWMA of real probe samples
-(:meth:`RegionRouter.measured_rtt`, fed by ``RegionRouter.observe_rtt``), else the heartbeat's RTT,
-else ``unknown_rtt_s``; ``t_p(p)`` is the t_p the peer advertises in its
-heartbeat (``extra["t_p_s"]``), else this region's online estimate. The lowest cost wins; if staying
-is cheapest the request is held (GORGO: "the request can optionally stay in the local region
-depending on the queue-size estimate").
-
-The remote queue ``W(p)`` is what distinguishes the two presets:
-
-* ``GORGO_COST`` (``remote_queue=False``): GORGO's code leaves the peer's queue out;
-* ``GEOPREFIX_COST`` (the default, ``remote_queue=True``):
-  ``W(p) = t_p(p) · (Q_p + Q_fwd) · (1 + age/staleness_scale_s) / R_p`` — ``Q_p`` the tokens queued at
-  the peer, its LB's queue and its engines' backlog (``extra["queued_tokens"]``, see
-  :meth:`CostSelector.heartbeat_extra`; else ``queue_len ×`` mean prompt), ``Q_fwd`` the prompt
-  tokens this LB forwarded there that the heartbeat cannot have seen (sent after its measurement less
-  half an RTT: :meth:`CostSelector.unreflected_since`) beyond the first ``available_replicas`` of
-  them (those went to the replicas the heartbeat reported free), ``R_p`` its replica count
-  (``extra["replicas"]``, else ``available_replicas``), and the factor inflates an old report (a
-  queue seen ``age`` seconds ago has had time to grow). Matches are discounted by their own age
-  (``0.5 ** (age/match_half_life_s)``) and ignored below ``min_match_chars``.
-
-``GEOPREFIX_COST`` also sets ``w_shared = 1``, the region-level twin of GeoPrefix's local term: a
-residual prefill slows every request in flight on the replica that runs it, so each option adds
-``w_shared · t_p · (L − L_hit) · n`` with ``n`` the requests in flight per replica there (the
-peer's heartbeat ``extra["inflight"]`` plus the forwards it cannot have seen, over its replicas;
-for staying, this region's own count). A peer that reports no waiting queue but runs a large batch — what SP-P
-availability cannot see — then costs what it costs.
-
-**Wait for a local slot** (``stay_slot_wait``): the selector runs only when no local replica is
-available, i.e. every local engine is at its admission limit (SP-P), so a held request cannot start
-before a running one finishes. The prefill-work terms above do not see that: with the replicas'
-waiting queues empty (SP-P holds requests at the LB, not in the engine) the head of the queue looks
-almost free to keep, although in a decode-bound engine it waits a whole request's decode time for a
-slot (seen in Ray Serve: a burst was held, and refused with 429, while both peers were idle). With
-``stay_slot_wait`` the cost of staying, when no local replica is available, adds
-
-    q̂ · (ahead + 1) / drain_rate
-
-with ``drain_rate`` the measured rate at which this LB's local requests finish (:class:`DrainRate`:
-completions per second over ``drain_window_s``, fed by :meth:`RegionRouter.on_local_complete
-<ray_geolb.policy.region.router.RegionRouter.on_local_complete>`; while saturated, the rate at which
-slots free) and ``ahead`` the requests waiting before this one at this LB (``RegionRouter.set_queue``'s
-``queue_len``). While the rate is unknown (fewer than ``drain_min_samples`` completions in the
-window) there is no term. ``GEOPREFIX_COST`` sets it; ``GORGO_COST`` does not (GORGO has no such
-term). The simulator and the Serve ingress both feed the same hook. What ``w_shared`` and the slot
-wait measured when they were added: ``benchmarks/RESULTS.md`` section 8.
-
-**Before saturation** (``forward_before_saturation``, off by default): the router also
-asks the selector when a local replica *is* available (:meth:`CostSelector.select_before_saturation`):
-the same stay and peer prices, a forward only when it saves more than ``forward_margin_s`` (a peer
-already forwarded to keeps being chosen while it saves more than ``forward_hysteresis`` × the margin),
-ties local, the hop limit, residency and the registry's availability as on the saturated path.
-
-**One home for a new long prompt** (``home_key_chars``, GeoPrefix: 8,000 bytes, ~2,000 tokens): a peer's
-prefix summary travels with its heartbeat, so when a new shared context (a RAG document, an agent's
-context) reaches several regions within a heartbeat or two, each would prefill it, and a central LB would
-not. A prompt at least ``home_key_chars`` long that no region is known to hold to that depth (by this
-region's index, a peer's snapshot match or its summary), and of which this region knows no more than
-every peer does (what is known is a preamble all regions were sent, such as a system prompt; a longer
-local match is this region's own earlier traffic, a conversation's history, and decides as usual),
-therefore has a *home*: of this region and its known peers (those the request may go to), the one with
-the highest rendezvous hash of the prompt's prefix key at that depth -- the same answer in every region,
-with no message. A home peer is priced as if it held the
-prompt, and a forward there needs no margin (the saving is the other regions' recompute, not this
-request's); staying is still chosen when the home costs more. A home that is not available (no free
-replica, queue beyond tau) is not replaced by another: the request is then decided as any other. Measured
-in ``benchmarks/RESULTS.md`` section 10.
-
-**Forwards counted once** (``forwards_cap_peers``): ``RegionRouter.note_forward`` counts each forward in
-the peer's queue until its next heartbeat, which caps a peer at tau + 1 forwards per peer table. This
-selector already prices those forwards (``Q_fwd`` and the in-flight count), so ``GEOPREFIX_COST`` sets
-``forwards_cap_peers=False``: availability reads the heartbeat's queue and the price does the capping.
-``GORGO_COST`` (no remote-queue term) keeps the cap.
+When the local layer has no available replica (and, with ``forward_before_saturation``, also when it
+has one) this selector prices, per request, the expected TTFT of staying in this region's queue
+against forwarding to each available peer (RTT + residual prefill at the peer's match + its queue),
+and picks the cheapest. ``GORGO_COST`` and ``GEOPREFIX_COST`` (``region/config.py``) are its two
+presets. The formulas, each term's source and why it is there: ``docs/design.md`` section 7.
 """
 
 from __future__ import annotations
