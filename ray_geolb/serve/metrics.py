@@ -51,7 +51,9 @@ METRICS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
     # RegionIngress (layer 1)
     "geolb_ingress_requests_total": ("counter", ("route", "reason"),
                                      "requests by layer-1 outcome: local / forwarded / served_for_peer / "
-                                     "rejected / error"),
+                                     "rejected / error (counted besides the route it was given: reason "
+                                     "server_error for a 500, stream_failed for a stream that failed after "
+                                     "its headers)"),
     "geolb_ingress_rejections_total": ("counter", ("reason",),
                                        "requests the ingress refused: queue_full (429), wait_timeout (503), "
                                        "bad_request (400/404/413), region_not_allowed (403), forward_failed"),

@@ -152,6 +152,27 @@ def output_tokens(body: dict, kind: str, max_tokens_limit: int, default_max_toke
     return mt
 
 
+def field_without_unicode(body: dict) -> Optional[str]:
+    """The first top-level field of ``body`` holding a string (key or value, at any depth) that UTF-8
+    cannot encode -- a lone surrogate, which JSON's ``\\uD800`` escape lets a client send -- or None.
+    One pass over the body, without recursion."""
+    for key, value in body.items():
+        stack = [key, value]
+        while stack:
+            o = stack.pop()
+            if isinstance(o, str):
+                try:
+                    o.encode("utf-8")
+                except UnicodeEncodeError:
+                    return key
+            elif isinstance(o, dict):
+                stack.extend(o.keys())
+                stack.extend(o.values())
+            elif isinstance(o, list):
+                stack.extend(o)
+    return None
+
+
 def parse_json(raw: bytes):
     """``json.loads`` with every parse failure -- bad syntax or encoding, Python's 4,300-digit limit on
     integers, nesting past the recursion limit -- as a 400 (never a 500, never a logged traceback)."""
@@ -206,6 +227,10 @@ def validate_body(raw: bytes, kind: str, model_name: str, max_tokens_limit: int,
         raise GeoHTTPError(400, f"'stream' must be a boolean, got {client_value(stream)}", param="stream")
     mt = output_tokens(body, kind, max_tokens_limit, default_max_tokens)
     allowed = parse_allowed(body.pop("allowed_regions", None), "body field 'allowed_regions'")
+    bad = field_without_unicode(body)
+    if bad is not None:  # a lone surrogate (JSON "\ud800") anywhere: no engine can tokenize or echo it
+        raise GeoHTTPError(400, f"invalid {client_value(bad)}: not valid Unicode text (a lone surrogate)",
+                           param=bad)
     try:
         text = canonical_text(body)
     except PromptFormatError as e:
