@@ -1,8 +1,11 @@
 """The OpenAI surface of the ingress: request parsing and response payloads.
 
-* Requests (``/v1/chat/completions``, ``/v1/completions``): :func:`validate_body` checks the JSON body
-  (bad JSON, a missing/empty ``messages`` or ``prompt``, a bad ``max_tokens`` or ``stream``, an unknown
-  ``allowed_regions`` entry -> HTTP 400 naming the problem; an unknown ``model`` -> 404), and
+* Requests (``/v1/chat/completions``, ``/v1/completions``): :func:`read_body` bounds the body before
+  reading it (413 on ``Content-Length``, or a running cap when there is none); :func:`validate_body`
+  checks the JSON body (bad JSON or past a parse limit, a missing/empty ``messages`` or ``prompt``, a
+  bad or disagreeing ``max_tokens`` / ``max_completion_tokens``, ``n`` other than 1, a bad ``stream``,
+  a lone surrogate in any string, an unknown ``allowed_regions`` entry -> HTTP 400 naming the problem;
+  an unknown ``model`` -> 404; every message surrogate-safe and bounded, :func:`client_value`), and
   :func:`parse_request` adds what the headers say (``x-allowed-regions``, ``x-geolb-max-wait-s``,
   ``x-geolb-timeout-s``, ``x-session-id``) to build the :class:`~.context.RequestContext`. ``allowed_regions`` (header
   ``x-allowed-regions: us,eu`` or body field; both: their intersection) is enforced on both layers:
