@@ -12,6 +12,11 @@ A policy routes requests over a set of *targets* (replica ids). The driver calls
 * ``observe_ttft(target, uncached_tokens, ttft_s)`` for each TTFT a replica measured itself (Ray
   Serve: the report's ``ttft_samples``; the simulator instead passes ``ttft_s`` to ``on_complete``).
 
+A driver that picks a replica before the send is confirmed (Ray Serve's router) also calls
+``reserve`` / ``release`` around that gap, ``revalidate`` before it holds a request, and
+``set_headroom_share`` / ``set_seen_margin`` to say how it sees the replicas. The policy's
+:class:`~ray_geolb.policy.availability.LoadTracker` is its own: drivers call these methods, never it.
+
 A policy is assembled from small pieces: a :class:`~ray_geolb.policy.availability.LoadTracker`
 (which targets are eligible), an optional prefix index or hash ring (how they are scored) and a
 picker (``_pick``). Each algorithm lives in its own short file under ``policy/algorithms``.
@@ -255,6 +260,40 @@ class Policy:
         """A TTFT measured at ``target`` for a request with ``uncached_tokens`` prompt tokens to
         prefill (reported by the replica, e.g. ``ReplicaStats.ttft_samples``). Policies with an online
         TTFT model learn from it; the default ignores it."""
+
+    # ---------------------------------------------------------------- accounting (a driver that
+    # routes asynchronously: Ray Serve's router). The policy owns its LoadTracker; drivers call these.
+    def reserve(self, req: RouteRequest, target: Hashable, now: float) -> None:
+        """Count ``req`` at ``target`` from the moment it was picked, before it is really sent (two
+        requests picked before the first is acknowledged must not both see the same headroom).
+        :meth:`on_dispatch` of the same request later counts nothing twice; :meth:`release` undoes it."""
+        self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens)
+
+    def release(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None) -> bool:
+        """Uncount a reservation that will not be sent (retried, rejected, failed, cancelled): load
+        only, no completion for the policy to learn from. False if it was not counted."""
+        return self.tracker.on_complete(request_id, target, now)
+
+    @property
+    def headroom_share(self) -> Tuple[int, int]:
+        """``(rank, n)``: this router's share of each report's headroom (``(0, 1)``: all of it)."""
+        return self.tracker.share
+
+    def set_headroom_share(self, rank: int, n: int) -> None:
+        """This driver is router ``rank`` of ``n`` over the same replicas (``LoadTracker.set_share``)."""
+        self.tracker.set_share(rank, n)
+
+    def set_seen_margin(self, seconds: float) -> None:
+        """A request dispatched less than ``seconds`` before a report was measured is not assumed to
+        be in it (reports from another process lag the engine). ValueError unless a number >= 0."""
+        if not (isinstance(seconds, (int, float)) and seconds >= 0):
+            raise ValueError(f"seen_margin_s must be a number >= 0, got {seconds!r}")
+        self.tracker.seen_margin_s = float(seconds)
+
+    def revalidate(self, now: float) -> int:
+        """Re-check frozen reports of unavailable targets (``LoadTracker.revalidate``; O(targets):
+        call it when a request would be held). Returns how many targets became available."""
+        return self.tracker.revalidate(now)
 
     # ---------------------------------------------------------------- hooks
     def _pick(self, req: RouteRequest, eligible: List[Hashable], now: float) -> Decision:

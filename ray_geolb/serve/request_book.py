@@ -3,7 +3,7 @@ completion (one owner for all of it, so every path that ends a request returns e
 
 * an **entry** (:class:`Entry`): the request as the policy sees it (a ``RouteRequest``), from the first
   ``choose_replicas`` call until Ray confirms it routed (or it is dropped);
-* a **reservation** on the policy's load tracker, taken when ``choose_replicas`` picks a replica, so
+* a **reservation** (``policy.reserve`` / ``policy.release``), taken when ``choose_replicas`` picks a replica, so
   two requests routed before the first is acknowledged do not both see the same headroom;
 * a place in the **FCFS hold queue** (``policy.hold_queue.HoldQueue``, prompt tokens summed) while
   selective pushing holds it, with a wake-up event its routing task sleeps on;
@@ -146,12 +146,12 @@ class RequestBook:
 
     def reserve(self, ent: Entry, decision, now: float) -> None:
         """The policy picked ``decision.target`` for this request: count it there until routed."""
-        self.policy.tracker.on_dispatch(decision.target, ent.req.request_id, now, tokens=ent.req.prompt_tokens)
+        self.policy.reserve(ent.req, decision.target, now)
         ent.target, ent.matched, ent.reason, ent.fallback = decision.target, decision.matched, decision.reason, False
 
     def unreserve(self, ent: Entry) -> None:
         if ent.target is not None:
-            self.policy.tracker.on_complete(ent.req.request_id, ent.target, policy_now())
+            self.policy.release(ent.req.request_id, ent.target, policy_now())
             ent.target = None
 
     def forget(self, iid: str) -> None:

@@ -29,7 +29,7 @@ decision log). This class wires them into Ray's hooks.
   previous report: the emulated server and the vLLM stat-logger plugin send them) go to
   ``policy.observe_ttft`` once per report (reports are de-duplicated by ``timestamp``); a malformed
   report is counted in ``counters["bad_stats"]`` and ignored. The router's own
-  in-flight accounting: a *reservation* (``tracker.on_dispatch``) when ``choose_replicas`` picks a
+  in-flight accounting: a *reservation* (``policy.reserve``) when ``choose_replicas`` picks a
   replica (so two requests routed before the first is acknowledged do not both see the same
   headroom), confirmed by ``on_request_routed`` -> ``policy.on_dispatch`` (prefix-index insert), and
   released by ``on_request_completed`` -> ``policy.on_complete`` (Ray 2.60 may call that one first,
@@ -132,7 +132,7 @@ class GeoPrefixRouter(RequestRouter):
         if "seen_margin_s" not in self.policy.config.availability.model_fields_set:
             if not (isinstance(stats_seen_margin_s, (int, float)) and stats_seen_margin_s >= 0):
                 raise ValueError(f"GeoPrefixRouter: stats_seen_margin_s must be >= 0, got {stats_seen_margin_s!r}")
-            self.policy.tracker.seen_margin_s = float(stats_seen_margin_s)
+            self.policy.set_seen_margin(float(stats_seen_margin_s))
         self.policy_name = self.policy.name
         self.region = region
         self.queue_bound = queue_bound
@@ -271,12 +271,12 @@ class GeoPrefixRouter(RequestRouter):
     def _update_share(self) -> None:
         """``headroom_share="auto"``: this router is one of the N replicas of the deployment whose
         process holds the handle (several ingress replicas of a region): take 1/N of each report's
-        headroom (``LoadTracker.set_share``), N re-read at every replica-set change."""
+        headroom (``Policy.set_headroom_share``), N re-read at every replica-set change."""
         share = self.headroom_share
         if share == "auto":
             share = holder_share()
-        if share is not None and share != self.policy.tracker.share:
-            self.policy.tracker.set_share(*share)
+        if share is not None and share != self.policy.headroom_share:
+            self.policy.set_headroom_share(*share)
 
     def _check_load_signal(self, now: float) -> None:
         if now < self._next_load_check:
@@ -334,7 +334,7 @@ class GeoPrefixRouter(RequestRouter):
             book.hold(ent, iid)
             return []
         d = self.policy.choose(ent.req, now, None)
-        if d is None and self.policy.tracker.revalidate(now):  # a frozen report hid an idle replica
+        if d is None and self.policy.revalidate(now):  # a frozen report hid an idle replica
             d = self.policy.choose(ent.req, now, None)
         if d is None:
             book.hold(ent, iid)
