@@ -97,7 +97,7 @@ def model_deployment_name(llm_config: Any) -> str:
 
 def _check_regions(regions: Dict[str, int]) -> Dict[str, int]:
     from ray_geolb.policy.region.config import REGION_PATTERN
-    from ray_geolb.serve.registry import MAX_REGION_NAME
+    from ray_geolb.policy.region.registry_state import MAX_REGION_NAME
 
     if not isinstance(regions, dict) or not regions:
         raise ValueError("regions must be a non-empty dict {region: num_replicas}")

@@ -35,7 +35,7 @@ What is simulated
 * **Heartbeats through the registry** (Serve's ``RegistryClient``): every ``heartbeat_period_s`` each
   per-region LB sends (available replicas, LB queue length, its measured RTTs, and the router's
   ``extra``: queued prompt tokens, replica count, in-flight requests, t_p) to one
-  :class:`~ray_geolb.serve.registry.RegistryState` in ``DeploymentSpec.registry_region()``, one
+  :class:`~ray_geolb.policy.region.registry_state.RegistryState` in ``DeploymentSpec.registry_region()``, one
   one-way delay away; the registry answers with the peer table, which arrives one one-way delay later
   and becomes the router's ``PeerState``s (``peer_states_from_table``: ages from when each peer measured
   its figures -- each heartbeat declares half its LB's last registry round trip as ``delay_s``, and the
@@ -121,10 +121,10 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
+from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.prefix_summary import SummarySendRule
+from ray_geolb.policy.region.registry_state import RegistryState, registry_leg
 from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
-from ray_geolb.serve.registry import RegistryState, registry_leg
-from ray_geolb.serve.registry_client import peer_states_from_table
 
 from .deploy import DeploymentSpec
 from .observe import IdealPrefixCache, LoadSampler
@@ -408,7 +408,7 @@ class Simulator:
         self.settings = dep.settings
         self.registry: Optional[RegistryState] = None
         if self._forwarding:
-            # the registry every LB heartbeats through (serve/registry.py's state, on the virtual clock)
+            # the registry every LB heartbeats through (policy/region/registry_state.py, on the virtual clock)
             self.registry = RegistryState(clock=self._clock, regions=list(self.lbs))
             self.registry_region = dep.registry_region()
             for lb in self.lbs.values():  # known but unheard: unavailable until a heartbeat says otherwise

@@ -7,10 +7,11 @@ import time
 import pytest
 
 from ray_geolb.policy.prefix_index import PrefixIndex
+from ray_geolb.policy.region.peer_table import peer_states_from_table
+from ray_geolb.policy.region.registry_state import RegistryState, trim_snapshot
+from ray_geolb.policy.region.snapshot_sync import SnapshotWriter
 from ray_geolb.serve.latency import LatencyInjector
-from ray_geolb.serve.registry import RegistryState, trim_snapshot
-from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
-from ray_geolb.serve.snapshot_sync import SnapshotWriter
+from ray_geolb.serve.registry_client import RegistryClient
 
 
 class FakeClock:
@@ -76,7 +77,7 @@ def test_with_a_secret_only_heartbeats_carrying_it_are_applied():
 
 
 def test_the_client_signs_its_heartbeats_from_the_environment(monkeypatch):
-    from ray_geolb.serve.registry import SECRET_ENV
+    from ray_geolb.policy.region.registry_state import SECRET_ENV
 
     monkeypatch.setenv(SECRET_ENV, "s3cret-of-this-deployment")
     sent = []
@@ -483,7 +484,7 @@ def test_a_table_filled_to_every_bound_stays_within_the_stated_bound():
     (hb("us", 1, source="us 1"), "bad_name"),
 ])
 def test_bad_or_unknown_names_are_refused_by_a_typed_error(item, code):
-    from ray_geolb.serve.registry import HeartbeatRefused, validate_region_name
+    from ray_geolb.policy.region.registry_state import HeartbeatRefused, validate_region_name
 
     st = RegistryState(clock=FakeClock(), regions=REAL)
     t = st.heartbeat_batch([item, hb("eu", 1, source="eu/a1b2c3d4")])

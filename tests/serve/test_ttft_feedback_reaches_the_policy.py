@@ -249,8 +249,8 @@ def test_saturated_region_forwards_by_relayed_extras():
     eu is nearer and reports an empty LB queue and a free replica, but runs a large batch (what SP-P
     availability cannot see); asia is idle. The cost selector, fed the relayed extras, prices eu's
     batch and forwards to asia; without the extras it would pick the nearer eu."""
-    from ray_geolb.serve.registry import RegistryState
-    from ray_geolb.serve.registry_client import peer_states_from_table
+    from ray_geolb.policy.region.peer_table import peer_states_from_table
+    from ray_geolb.policy.region.registry_state import RegistryState
 
     reg = RegistryState()
     table = reg.heartbeat_batch([

@@ -20,7 +20,7 @@ import asyncio
 import pytest
 
 from ray_geolb.policy.region import REGION_LAYER, RegionDecision, TwoLayerConfig
-from ray_geolb.serve.registry import RegistryState
+from ray_geolb.policy.region.registry_state import RegistryState
 from ray_geolb.sim.deploy import deployment_for
 from ray_geolb.sim.simulator import SERVE_NOT_SIMULATED, SimConfig, Simulator
 from ray_geolb.sim.workloads import tot

@@ -175,7 +175,7 @@ class CostSelector(PeerSelector):
     def unreflected_since(self, router, region: str) -> float:
         """The forwards to ``region`` sent after this time may be missing from its state: the state's
         ``timestamp`` is when the peer measured it (the registry dates a heartbeat by the delay it
-        declares, and the reader subtracts its own leg back: ``serve/registry.py``), and a forward counts
+        declares, and the reader subtracts its own leg back: ``policy/region/registry_state.py``), and a forward counts
         there only once it has arrived, half an RTT after it was sent. Without it a burst's forwards
         drop out of the price at the peer's next heartbeat although that heartbeat was measured before
         they arrived: the LB then saw an idle far peer and sent it a second burst (``network-hard``,

@@ -2,7 +2,7 @@
 
 Background work only -- never on a request's path:
 
-* the peer table: a :class:`~ray_geolb.serve.registry.RegistryClient` heartbeats this region's figures
+* the peer table: a :class:`~ray_geolb.serve.registry_client.RegistryClient` heartbeats this region's figures
   (:meth:`PeerMesh.heartbeat`) and hands back the registry's table, which becomes the
   :class:`~ray_geolb.policy.region.router.RegionRouter`'s ``PeerState``s (``update_peer``);
 * RTT probes: every ``rtt_probe_period_s`` each peer ingress is pinged through the injected
@@ -12,7 +12,7 @@ Background work only -- never on a request's path:
   changed (and every ``SUMMARY_REFRESH_S``: ``SummarySendRule``, which the simulator sends by too); the peers'
   come back in the table as ``PeerState.prefix_summary``;
 * the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry by
-  bounded deltas (``snapshot_sync.py``: at most ``snapshot_max_rows`` rows per heartbeat) at most
+  bounded deltas (``policy/region/snapshot_sync.py``: at most ``snapshot_max_rows`` rows per heartbeat) at most
   every ``snapshot_period_s`` after it changed, sent again whole (in chunks) when the registry does
   not acknowledge the version this ingress sent (it restarted, a heartbeat was lost), and reloaded
   from it once when this ingress restarts.
@@ -35,11 +35,12 @@ from typing import Any, Callable, Dict, List, Optional
 from ray import serve
 
 from ray_geolb.policy.region import PeerState, RegionRouter
+from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.prefix_summary import SummarySendRule
+from ray_geolb.policy.region.snapshot_sync import SnapshotWriter
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.latency import LatencyInjector
-from ray_geolb.serve.registry_client import RegistryClient, peer_states_from_table
-from ray_geolb.serve.snapshot_sync import SnapshotWriter
+from ray_geolb.serve.registry_client import RegistryClient
 
 from .config import INGRESS_DEPLOYMENT, IngressConfig
 
