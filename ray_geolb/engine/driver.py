@@ -23,32 +23,14 @@ import asyncio
 import time
 from typing import AsyncIterator, Optional
 
+from ray_geolb.aio import wait_or_timeout
+
 from .engine import EngineModel, EngineRequest
 
 __all__ = ["AsyncEngineDriver"]
 
 _MIN_SLEEP_WALL_S = 0.001
 _END = object()
-
-
-async def _wait_or_timeout(ev: asyncio.Event, delay: float) -> bool:
-    """Wait until ``ev`` is set (True) or ``delay`` seconds pass (False; ``ev`` is then set by the
-    timer). Cancellable at any moment: ``asyncio.wait_for(ev.wait(), delay)`` is not -- on Python
-    3.11 it drops a cancellation that arrives in the turn the event is set, and ``close()`` would
-    then wait for a loop that never stops."""
-    timed_out = False
-
-    def expire():
-        nonlocal timed_out
-        timed_out = True
-        ev.set()
-
-    timer = asyncio.get_running_loop().call_later(delay, expire)
-    try:
-        await ev.wait()
-    finally:
-        timer.cancel()
-    return not timed_out
 
 
 class AsyncEngineDriver:
@@ -163,7 +145,7 @@ class AsyncEngineDriver:
                     busy = False
                     self._wake.clear()
                     delay = (nxt - wall_now) * scale
-                    woke = await _wait_or_timeout(self._wake, delay) if delay > 0 else False
+                    woke = await wait_or_timeout(self._wake, delay) if delay > 0 else False
                     # woken by new work: resync to the wall clock; timed out: jump to nxt
                     self._vnow = max(self._vnow, self.now() if woke else nxt)
                     continue

@@ -15,39 +15,42 @@ What is simulated
   ``stats_jitter`` from the seeded RNG, random initial phase) each replica's ``engine.stats()`` is
   measured and delivered to its LB(s) ``stats_lag_s`` + one-way network delay later as a
   :class:`~ray_geolb.policy.availability.ReplicaStats` whose ``timestamp`` is the measurement time.
-* **Load balancers**: each LB is a :class:`~ray_geolb.policy.region.router.RegionRouter` around a local
-  policy built by :func:`~ray_geolb.policy.factory.build_policy`. A central LB is a RegionRouter with
-  ``max_hops=0`` whose local policy sees every replica of every region; it keeps a strict FCFS queue:
-  the head is decided (local / forward / hold / reject), on *hold* nothing behind it may overtake.
+* **Load balancers** (``sim/region_lb.py``, :class:`~ray_geolb.sim.region_lb.RegionLB`): each LB is a
+  :class:`~ray_geolb.policy.region.router.RegionRouter` around a local policy built by
+  :func:`~ray_geolb.policy.factory.build_policy`, and its queue follows the region layer's one queue
+  rule (``policy/region/queue_rule.py``: go / wait / refuse), the one the Serve ingress runs. A central
+  LB is a RegionRouter with ``max_hops=0`` whose local policy sees every replica of every region; it
+  keeps a strict FCFS queue: the head is decided (local / forward / hold / reject), on *hold* nothing
+  behind it may overtake.
 * **Per-region and region-local LBs run the Serve ingress's rules**, from the same settings object
   (``DeploymentSpec.settings``, :class:`~ray_geolb.policy.region.config.RegionLayerSettings`; the Serve
-  side: ``serve/ingress/admission.py`` and ``request_path.py``): FCFS for *local* capacity only -- a
-  newcomer is decided at once with every waiting request counted ahead of it, and a forward (or a
-  reject) goes straight on; at each new peer table every waiting request behind the head is decided
-  again with the requests still ahead of it (``forward_past_queue``), so the 'cost' selector's slot
-  wait sees the real number ahead. A request that must wait when ``max_queue`` already wait, or that
-  waited ``max_wait_s``, is refused (the ingress's 429 / 503 with Retry-After; counters
+  side: ``serve/ingress/admission.py`` and ``request_path.py``, on the same ``QueueRule``): FCFS for
+  *local* capacity only -- a newcomer is decided at once with every waiting request counted ahead of it,
+  and a forward (or a reject) goes straight on; at each new peer table every waiting request behind the
+  head is decided again with the requests still ahead of it (``forward_past_queue``), so the 'cost'
+  selector's slot wait sees the real number ahead. A request that must wait when ``max_queue`` already
+  wait, or that waited ``max_wait_s``, is refused (the ingress's 429 / 503 with Retry-After; counters
   ``lb_queue_full`` / ``lb_wait_timeout``): the refusal goes back to the client, which sends the same
   request again ``retry_after_s`` later (its TTFT and latency count from the first send). After each
   forward the LB counts one request in the peer's queue until the next peer table (``note_forwards``:
-  ``RegionRouter.note_forward``). The head of any queue is decided again whenever something changes
-  at that LB (arrival, stats delivery, completion seen by the LB, peer table received).
-* **Heartbeats through the registry** (Serve's ``RegistryClient``): every ``heartbeat_period_s`` each
-  per-region LB sends (available replicas, LB queue length, its measured RTTs, and the router's
-  ``extra``: queued prompt tokens, replica count, in-flight requests, t_p) to one
-  :class:`~ray_geolb.policy.region.registry_state.RegistryState` in ``DeploymentSpec.registry_region()``, one
-  one-way delay away; the registry answers with the peer table, which arrives one one-way delay later
-  and becomes the router's ``PeerState``s (``peer_states_from_table``: ages from when each peer measured
-  its figures -- each heartbeat declares half its LB's last registry round trip as ``delay_s``, and the
-  table is dated half the round trip before it arrived, as ``RegistryClient`` does;
-  ``rtt_s`` = what this region measured to the peer, else the peer's measurement). The next tick is
-  one period after the last one began, or at the answer if that is later. GeoPrefix's heartbeat also
-  carries the region's hash-only prefix summary (``RegionRouter.prefix_summary``, wire form
-  ``PrefixSummary.to_wire``; counters ``prefix_summaries`` / ``prefix_summary_bytes`` /
-  ``prefix_summary_bytes_max``) in the heartbeats the Serve ingress would put it in (``SummarySendRule``:
-  when it changed, and at least every 5 s); the registry keeps each region's last one and relays it in
-  every table (``prefix_summaries``), which ``peer_states_from_table`` parses into
-  ``PeerState.prefix_summary``, as in Serve.
+  ``RegionRouter.note_forward``). The head of any queue is decided again whenever something changes at
+  that LB (arrival, stats delivery, completion seen by the LB, peer table received).
+* **Heartbeats through the registry** (Serve's ``RegistryClient``; the one message builder:
+  ``policy/region/heartbeat.py``): every ``heartbeat_period_s`` each per-region LB sends (available
+  replicas, LB queue length, its measured RTTs, and the router's ``extra``: queued prompt tokens, replica
+  count, in-flight requests, t_p) to one :class:`~ray_geolb.policy.region.registry_state.RegistryState` in
+  ``DeploymentSpec.registry_region()``, one one-way delay away; the registry answers with the peer table,
+  which arrives one one-way delay later and becomes the router's ``PeerState``s
+  (``peer_states_from_table``: ages from when each peer measured its figures -- each heartbeat declares
+  half its LB's last registry round trip as ``delay_s``, and the table is dated half the round trip before
+  it arrived, as ``RegistryClient`` does; ``rtt_s`` = what this region measured to the peer, else the
+  peer's measurement). The next tick is one period after the last one began, or at the answer if that is
+  later. GeoPrefix's heartbeat also carries the region's hash-only prefix summary
+  (``RegionRouter.prefix_summary``, wire form ``PrefixSummary.to_wire``; counters ``prefix_summaries`` /
+  ``prefix_summary_bytes`` / ``prefix_summary_bytes_max``) in the heartbeats the Serve ingress would put
+  it in (``SummarySendRule``: when it changed, and at least every 5 s); the registry keeps each region's
+  last one and relays it in every table (``prefix_summaries``), which ``peer_states_from_table`` parses
+  into ``PeerState.prefix_summary``, as in Serve.
 * **RTT probes** (Serve's ``PeerMesh._probe_loop``): each LB pings its peers one after another (a
   reply comes back one RTT later and goes to ``RegionRouter.observe_rtt``, the router's one RTT
   estimate, an EWMA the 'cost' selector reads), then pauses ``rtt_probe_period_s``.
@@ -105,7 +108,6 @@ cache, or, on an SGLang engine, a prompt plus its output reservation larger than
 from __future__ import annotations
 
 import inspect
-import json
 import random
 from dataclasses import dataclass
 from heapq import heappop, heappush
@@ -119,15 +121,30 @@ from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
-from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.config import TwoLayerConfig
 from ray_geolb.policy.region.peer_table import peer_states_from_table
-from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.registry_state import RegistryState, registry_leg
-from ray_geolb.policy.region.router import PeerState, RegionDecision, RegionRouter
+from ray_geolb.policy.region.router import PeerState, RegionRouter
 
 from .deploy import DeploymentSpec
+from .events import (
+    CLIENT_DONE,
+    HEARTBEAT,
+    LB_ARRIVE,
+    LB_DONE,
+    OPEN_ARRIVAL,
+    PROG_START,
+    REG_REPLY,
+    RETRY,
+    RTT_PROBE,
+    SAMPLE,
+    STATS_DELIVER,
+    STATS_MEASURE,
+    STEP_END,
+    STEP_WAKE,
+)
 from .observe import IdealPrefixCache, LoadSampler
+from .region_lb import RegionLB
 
 __all__ = ["SERVE_NOT_SIMULATED", "SimConfig", "Simulator", "SimResult", "simulate"]
 
@@ -188,12 +205,6 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                                                      "deployment pays it",
 }
 
-# event kinds
-_LB_ARRIVE, _REP_ARRIVE, _STEP_END, _STEP_WAKE, _LB_DONE, _CLIENT_DONE = 0, 1, 2, 3, 4, 5
-_STATS_MEASURE, _STATS_DELIVER, _HEARTBEAT, _REG_ARRIVE, _PROG_START, _OPEN_ARRIVAL, _SAMPLE, _PING_REPLY = (
-    6, 7, 8, 9, 10, 11, 12, 13)
-_REG_REPLY, _RTT_PROBE, _LB_TIMEOUT, _RETRY = 14, 15, 16, 17
-
 _BLOCK_CACHE_MAX = 4096
 
 
@@ -229,30 +240,8 @@ class _Replica:
         self.region = region
         self.engine = engine
         self.stepping = False
-        self.lbs: List["_LB"] = []
+        self.lbs: List[RegionLB] = []
         self.zero_steps = 0
-
-
-def _prompt_tokens(req: "_Req") -> int:
-    return req.prompt
-
-
-class _LB:
-    __slots__ = ("name", "region", "router", "queue", "peers", "policy", "ingress", "reg_delay", "summary_rule")
-
-    def __init__(self, name, region, router, ingress=False):
-        self.name = name
-        self.region = region
-        self.router: RegionRouter = router
-        self.policy = router.local
-        self.queue: HoldQueue = HoldQueue(_prompt_tokens)  # FCFS, by request id, with the prompt-token sum
-        self.peers: List["_LB"] = []
-        #: deployed as the Serve ingress (DeploymentSpec.settings: queue rules, bounds); False: a central LB
-        self.ingress = ingress
-        #: half its last registry round trip, the one-way delay its heartbeats declare (RegistryClient.delay_s)
-        self.reg_delay: Optional[float] = None
-        #: which of its heartbeats carry its prefix summary (Serve: PeerMesh.heartbeat, the same rule)
-        self.summary_rule = SummarySendRule()
 
 
 class _Run:
@@ -343,7 +332,7 @@ class Simulator:
         self._build()
 
     # ------------------------------------------------------------------ setup
-    def _ow(self, a: str, b: str) -> float:
+    def one_way(self, a: str, b: str) -> float:
         k = (a, b)
         v = self._ow_cache.get(k)
         if v is None:
@@ -377,14 +366,15 @@ class Simulator:
                 rid = f"{region}-{i}"
                 self.replicas[rid] = _Replica(rid, region, make_engine(self.profile))
                 by_region.setdefault(region, []).append(rid)
-        self.lbs: Dict[str, _LB] = {}
+        self.settings = dep.settings
+        self.lbs: Dict[str, RegionLB] = {}
         tl = dict(dep.two_layer)
         if dep.lb_kind == "central":
             tl["max_hops"] = 0
             region = dep.central_region
             router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(list(self.replicas)),
                                   clock=self._clock)
-            lb = self.lbs[region] = _LB(f"central@{region}", region, router)
+            lb = self.lbs[region] = RegionLB(self, f"central@{region}", region, router)
             if dep.rtt_aware:
                 if not hasattr(router.local, "rtt_of_target"):
                     raise ValueError(f"deployment {dep.system!r}: rtt_aware needs a policy with an "
@@ -398,14 +388,13 @@ class Simulator:
             for region in dep.lb_regions():
                 router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(by_region[region]),
                                       clock=self._clock)
-                lb = self.lbs[region] = _LB(region, region, router, ingress=True)
+                lb = self.lbs[region] = RegionLB(self, region, region, router, ingress=True)
                 for rid in by_region[region]:
                     self.replicas[rid].lbs.append(lb)
             for lb in self.lbs.values():
                 lb.peers = [p for p in self.lbs.values() if p is not lb]
         self._forwarding = dep.lb_kind == "per-region" and len(self.lbs) > 1 and \
             tl.get("max_hops", 1) >= 1
-        self.settings = dep.settings
         self.registry: Optional[RegistryState] = None
         if self._forwarding:
             # the registry every LB heartbeats through (policy/region/registry_state.py, on the virtual clock)
@@ -475,7 +464,7 @@ class Simulator:
 
         return rtt
 
-    def _push(self, t: float, kind: int, a=None, b=None) -> None:
+    def push(self, t: float, kind: int, a=None, b=None) -> None:
         self._seq += 1
         heappush(self._heap, (t, self._seq, kind, a, b))
 
@@ -487,13 +476,13 @@ class Simulator:
         # periodic events, random initial phases, from -warmup_s on (the control plane is warm at 0)
         t0 = self.now = -float(cfg.warmup_s)
         for rep in self.replicas.values():
-            self._push(t0 + rng.random() * dep.stats_period_s, _STATS_MEASURE, rep)
+            self.push(t0 + rng.random() * dep.stats_period_s, STATS_MEASURE, rep)
         if self._forwarding:
             st = self.settings
             for lb in self.lbs.values():
-                self._push(t0 + rng.random() * st.heartbeat_period_s, _HEARTBEAT, lb)
-                self._push(t0 + rng.random() * st.rtt_probe_period_s, _RTT_PROBE, lb, 0)
-        self._push(cfg.sample_period_s, _SAMPLE)
+                self.push(t0 + rng.random() * st.heartbeat_period_s, HEARTBEAT, lb)
+                self.push(t0 + rng.random() * st.rtt_probe_period_s, RTT_PROBE, lb, 0)
+        self.push(cfg.sample_period_s, SAMPLE)
         wl = self.workload
         if wl.closed is not None:
             self._next_prog_idx = {r: 0 for r in wl.closed.clients}
@@ -504,7 +493,7 @@ class Simulator:
             for region, n in wl.closed.clients.items():
                 for _ in range(n):
                     self._pending_starts += 1
-                    self._push(0.0, _PROG_START, (region, cid))
+                    self.push(0.0, PROG_START, (region, cid))
                     cid += 1
         else:
             self._open_iter = iter(wl.open.arrivals)
@@ -512,11 +501,11 @@ class Simulator:
 
         end = cfg.duration_s
         heap = self._heap
-        handlers = (self._on_lb_arrive, self._on_rep_arrive, self._on_step_end, self._on_step_wake,
-                    self._on_lb_done, self._on_client_done, self._on_stats_measure, self._on_stats_deliver,
-                    self._on_heartbeat, self._on_reg_arrive, self._on_prog_start, self._on_open_arrival,
-                    self._on_sample, self._on_ping_reply, self._on_reg_reply, self._on_rtt_probe, self._on_lb_timeout,
-                    self._on_retry)
+        lb = RegionLB  # the LB events' handlers take the LB (the event's a) as self
+        handlers = (lb.on_arrive, self._on_rep_arrive, self._on_step_end, self._on_step_wake, lb.on_done,
+                    self._on_client_done, self._on_stats_measure, lb.on_stats, lb.on_heartbeat, self._on_reg_arrive,
+                    self._on_prog_start, self._on_open_arrival, self._on_sample, lb.on_ping_reply,
+                    self._on_reg_reply, lb.on_rtt_probe, lb.on_timeout, self._on_retry)
         drain = cfg.drain
         last = 0.0
         progress = self.progress
@@ -531,7 +520,7 @@ class Simulator:
             heappop(heap)
             self.now = t
             handlers[kind](a, b)
-            if kind <= _CLIENT_DONE:
+            if kind <= CLIENT_DONE:
                 last = t
             if progress is not None and t >= next_progress:
                 progress(min(t, end))
@@ -591,7 +580,7 @@ class Simulator:
             self._open_iter = None
             self._stop_new = True
             return
-        self._push(max(t, self.now), _OPEN_ARRIVAL, prog)
+        self.push(max(t, self.now), OPEN_ARRIVAL, prog)
 
     def _on_open_arrival(self, prog, b):
         if self._can_start():
@@ -614,7 +603,7 @@ class Simulator:
         self.c["programs_completed"] += 1
         if run.client is not None:
             self._pending_starts += 1
-            self._push(self.now + self.workload.closed.think_time_s, _PROG_START, run.client)
+            self.push(self.now + self.workload.closed.think_time_s, PROG_START, run.client)
 
     def _blocks(self, text: str) -> Tuple[int, list]:
         v = self._blocks_cache.get(text)
@@ -637,7 +626,7 @@ class Simulator:
         out = call.output_tokens
         if not request_fits(self.profile, ntok, out, call.max_tokens):
             self.c["requests_rejected"] += 1
-            self._count("rejected_too_long")
+            self.count("rejected_too_long")
             self._call_done(run, ci)
             return
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
@@ -651,9 +640,9 @@ class Simulator:
         """The client sends ``req`` to the LB of its region (else the nearest)."""
         region = req.region
         lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
-        d = self._ow(region, lb.region)
+        d = self.one_way(region, lb.region)
         req.path = d
-        self._push(self.now + d, _LB_ARRIVE, lb, req)
+        self.push(self.now + d, LB_ARRIVE, lb, req)
 
     def _on_retry(self, req: _Req, b):
         """A refused request's client sends it again (its latency still counts from the first send)."""
@@ -679,166 +668,24 @@ class Simulator:
                                  req.out, req.lb_wait, req.cross, req.region, req.replica.id))
         self._call_done(req.run, req.ci)
 
-    # ------------------------------------------------------------------ load balancers
-    def _count(self, key: str):
+    # ------------------------------------------------------------------ LB services (sim/region_lb.py)
+    def count(self, key: str):
         self.decisions[key] = self.decisions.get(key, 0) + 1
 
-    def _on_lb_arrive(self, lb: _LB, req: _Req):
-        """A request reaches an LB. The Serve ingress's rules (``lb.ingress``; ``AdmissionQueue.admit``):
-        a newcomer is decided at once with every waiting request ahead of it; a forward (or a reject)
-        goes straight on, a local decision only if nobody waits, otherwise it waits (429 when
-        ``max_queue`` already wait). Without ``forward_past_queue`` (and on a central LB) the queue is
-        strictly FCFS: a newcomer behind waiting requests waits without a decision."""
-        req.t_lb = self.now
-        q = lb.queue
-        if not lb.ingress:  # a central LB: strict FCFS, unbounded
-            q.append(req.rid, req)
-            self._pump(lb)
-            return
-        if q and not self.settings.forward_past_queue:
-            self._enqueue(lb, req, "queued behind earlier requests")
-            self._pump(lb)
-            return
-        self._pump(lb)  # the head first (Serve re-decides it every poll_s)
-        d = self._decide(lb, req, len(q), q.tokens)
-        if d.kind == "hold" or (d.kind == "local" and q):
-            self._enqueue(lb, req, d.reason if d.kind == "hold" else "queued behind earlier requests")
-        else:
-            self._apply(lb, req, d)
-
-    def _decide(self, lb: _LB, req: _Req, ahead: int, ahead_tokens: int) -> RegionDecision:
-        """The region layer's decision for ``req`` with ``ahead`` requests (``ahead_tokens`` prompt tokens)
-        waiting before it at this LB -- the cost selector's ``Q_lb`` and the slot wait's ``ahead``."""
-        router = lb.router
-        router.set_queue(ahead, float(ahead_tokens))
-        return router.decide(req.rreq, self.now)
-
-    def _enqueue(self, lb: _LB, req: _Req, reason: str):
-        """``req`` waits at ``lb`` (FCFS); refused if the Serve ingress's bound is reached (its 429)."""
-        q = lb.queue
-        if lb.ingress and len(q) >= self.settings.max_queue:
-            self._refuse(req, "queue_full")
-            return
-        q.append(req.rid, req)
-        if self.trace is not None:
-            self.trace("hold", {"lb": lb.name, "req": req.rid, "t": self.now, "reason": reason})
-        if not req.held:
-            req.held = True
-            self.c["lb_holds"] += 1
-        if lb.ingress:  # the ingress's wait limit (its 503)
-            self._push(self.now + self.settings.max_wait_s, _LB_TIMEOUT, lb, (req, req.t_lb))
-
-    def _refuse(self, req: _Req, reason: str):
+    def refuse(self, req: _Req, reason: str):
         """The ingress refuses ``req`` with a Retry-After (429 ``queue_full``, 503 ``wait_timeout``): the
         refusal travels back to the client, which sends the request again ``retry_after_s`` later. Not a
         rejection: the request stays in flight until served or cut off (counters ``lb_<reason>``)."""
         self.c[f"lb_{reason}"] += 1
-        self._count(f"refused:{reason}")
-        self._push(self.now + req.path + self.settings.retry_after_s, _RETRY, req)
+        self.count(f"refused:{reason}")
+        self.push(self.now + req.path + self.settings.retry_after_s, RETRY, req)
 
-    def _reject(self, req: _Req, reason: str):
+    def reject(self, req: _Req, reason: str):
         """``req`` is refused (reject decision, full queue, wait limit): its program goes on as if answered."""
         self.c["requests_rejected"] += 1
-        self._count(f"reject:{reason}")
+        self.count(f"reject:{reason}")
         self._inflight -= 1
         self._call_done(req.run, req.ci)
-
-    def _pump(self, lb: _LB, everyone: bool = False):
-        """Decide the head of ``lb``'s queue (nothing ahead of it) until one holds. ``everyone`` (a new
-        peer table: Serve's ``kick_all``): then the other waiting requests too, each with the requests
-        still ahead of it, which may be forwarded or rejected but not take a local replica."""
-        q = lb.queue
-        if not q:
-            return
-        while q:
-            rid, req = q.head()
-            d = self._decide(lb, req, 0, 0)
-            if d.kind == "hold":
-                if self.trace is not None:
-                    self.trace("hold", {"lb": lb.name, "req": req.rid, "t": self.now, "reason": d.reason})
-                if not req.held:
-                    req.held = True
-                    self.c["lb_holds"] += 1
-                break
-            q.pop_head()
-            self._apply(lb, req, d)
-        if everyone and len(q) > 1 and lb.ingress and self.settings.forward_past_queue and \
-                lb.router.available_peers(self.now):
-            # (no peer available: nothing behind the head can change from hold to forward)
-            ahead = ahead_tokens = 0
-            for i, (rid, req) in enumerate(list(q.items())):
-                if i > 0:
-                    d = self._decide(lb, req, ahead, ahead_tokens)
-                    if d.kind == "forward" or d.kind == "reject":
-                        q.remove(rid)
-                        self._apply(lb, req, d)
-                        continue
-                ahead += 1
-                ahead_tokens += req.prompt
-
-    def _apply(self, lb: _LB, req: _Req, d: RegionDecision):
-        """Carry out a local / forward / reject decision for ``req`` (no longer in ``lb``'s queue)."""
-        now = self.now
-        router = lb.router
-        trace = self.trace
-        kind = d.kind
-        req.lb_wait += now - req.t_lb
-        if kind == "local":
-            rep = self.replicas[d.target]
-            if trace is not None:
-                trace("local", {"lb": lb.name, "req": req.rid, "t": now, "target": d.target,
-                                "policy": lb.policy, "hops": req.rreq.hops})
-            router.on_dispatch(req.rreq, d.target, now)
-            self._count(f"local:{d.reason or 'local'}")
-            req.serve_lb = lb
-            req.replica = rep
-            req.t_disp = now
-            delay = self._ow(lb.region, rep.region)
-            req.path += delay
-            if rep.region != req.region:
-                req.cross = True
-            self._push(now + delay, _REP_ARRIVE, rep, req)
-        elif kind == "forward":
-            peer = self.lbs[d.target]
-            if trace is not None:
-                trace("forward", {"lb": lb.name, "req": req.rid, "t": now, "target": d.target,
-                                  "local_available": len(lb.policy.tracker.available),
-                                  "ahead": router.queue_len, "queued": len(lb.queue)})
-            router.on_forward(req.rreq, d.target, now)
-            if self.settings.note_forwards:  # one more in the peer's queue until its next heartbeat
-                router.note_forward(d.target)
-            self.c["forwards"] += 1
-            self._count(f"forward:{d.reason}")
-            req.rreq.hops += 1
-            req.cross = True
-            delay = self._ow(lb.region, peer.region)
-            req.path += delay
-            self._push(now + delay, _LB_ARRIVE, peer, req)
-        else:  # reject
-            self._reject(req, d.reason)
-
-    def _on_lb_timeout(self, lb: _LB, item):
-        """The ingress's wait limit: a request still waiting here ``max_wait_s`` after it arrived is refused."""
-        req, t_lb = item
-        q = lb.queue
-        if req.rid not in q or q[req.rid] is not req or req.t_lb != t_lb:
-            return  # it left the queue (served, forwarded, refused)
-        was_head = q.is_head(req.rid)
-        q.remove(req.rid)
-        req.lb_wait += self.now - req.t_lb
-        self._refuse(req, "wait_timeout")
-        if was_head:
-            self._pump(lb)
-
-    def _on_lb_done(self, lb: _LB, req: _Req):
-        # TTFT as this LB sees it: the first token reaches it one replica->LB delay after the engine
-        # produced it; minus when it dispatched the request (feeds the online t_p regression)
-        ttft = None
-        if req.t_first is not None:
-            ttft = req.t_first + self._ow(req.replica.region, lb.region) - req.t_disp
-        lb.policy.on_complete(req.rid, req.replica.id, self.now, ttft_s=ttft, ok=True, req=req.rreq)
-        lb.router.on_local_complete(self.now)  # the 'cost' selector's local drain rate (stay_slot_wait)
-        self._pump(lb)
 
     def _on_stats_measure(self, rep: _Replica, b):
         now = self.now
@@ -848,43 +695,12 @@ class Simulator:
         self.load.report(st.num_waiting)
         lag = dep.stats_lag_s
         for lb in rep.lbs:
-            self._push(now + lag + self._ow(rep.region, lb.region), _STATS_DELIVER, lb, (rep.id, st))
+            self.push(now + lag + self.one_way(rep.region, lb.region), STATS_DELIVER, lb, (rep.id, st))
         j = dep.stats_jitter
         period = dep.stats_period_s * (1.0 + (self.rng.random() * 2.0 - 1.0) * j)
-        self._push(now + period, _STATS_MEASURE, rep)
+        self.push(now + period, STATS_MEASURE, rep)
 
-    def _on_stats_deliver(self, lb: _LB, item):
-        rid, st = item
-        lb.policy.on_stats(rid, st)
-        if self.trace is not None:
-            self.trace("stats", {"lb": lb.name, "target": rid, "t": self.now, "stats": st})
-        self._pump(lb)
-
-    def _on_heartbeat(self, lb: _LB, b):
-        """One tick of the LB's registry link (Serve: ``RegistryClient.tick``): its heartbeat -- the
-        figures ``RequestPath.local_report`` sends, and its measured RTTs -- travels to the registry,
-        which applies it and answers with the peer table; the next tick is one period after this one
-        began, or when the answer arrives if that is later."""
-        now = self.now
-        self.c["heartbeats"] += 1
-        ps = lb.router.heartbeat(len(lb.queue), now, queued_tokens=float(lb.queue.tokens))
-        hb = {"region": lb.region, "source": lb.region, "available_replicas": ps.available_replicas,
-              "queue_len": ps.queue_len, "rtts": lb.router.measured_rtts()}
-        if lb.reg_delay is not None:
-            hb["delay_s"] = lb.reg_delay
-        if ps.extra:
-            hb["extra"] = dict(ps.extra)
-        summary = lb.summary_rule.wire(ps.prefix_summary, now)  # as PeerMesh.heartbeat
-        if summary is not None:
-            hb["prefix_summary"] = summary
-            c = self.c
-            size = len(json.dumps(summary, separators=(",", ":")))
-            c["prefix_summaries"] = c.get("prefix_summaries", 0) + 1
-            c["prefix_summary_bytes"] = c.get("prefix_summary_bytes", 0) + size
-            c["prefix_summary_bytes_max"] = max(c.get("prefix_summary_bytes_max", 0), size)
-        self._push(now + self._ow(lb.region, self.registry_region), _REG_ARRIVE, lb, (hb, now))
-
-    def _on_reg_arrive(self, lb: _LB, item):
+    def _on_reg_arrive(self, lb: RegionLB, item):
         """The heartbeat reaches the registry, which applies it (a prefix summary in it replaces the
         region's last one) and answers with the peer table (its ``prefix_summaries`` included), on the
         same legs and delays as the heartbeat."""
@@ -892,9 +708,9 @@ class Simulator:
         table = self.registry.heartbeat_batch([hb])
         if "errors" in table:
             raise RuntimeError(f"registry refused {lb.name}'s heartbeat: {table['errors']}")
-        self._push(self.now + self._ow(self.registry_region, lb.region), _REG_REPLY, lb, (table, t0))
+        self.push(self.now + self.one_way(self.registry_region, lb.region), REG_REPLY, lb, (table, t0))
 
-    def _on_reg_reply(self, lb: _LB, item):
+    def _on_reg_reply(self, lb: RegionLB, item):
         """The peer table reaches the LB (Serve: ``PeerMesh._on_table``): every peer's state, its age as
         the registry saw it, the RTT this region measured to it (else the peer's), its prefix summary if
         the registry holds one; then every waiting request is decided again (``kick_all``)."""
@@ -908,22 +724,8 @@ class Simulator:
         if self.trace is not None:
             self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)
                                                                     for r, p in router.peers.items()}})
-        self._pump(lb, everyone=True)
-        self._push(max(t0 + self.settings.heartbeat_period_s, now), _HEARTBEAT, lb)
-
-    def _on_rtt_probe(self, lb: _LB, idx: int):
-        """RTT probes (Serve: ``PeerMesh._probe_loop``): each peer pinged in turn, the sample fed to
-        ``RegionRouter.observe_rtt`` when the reply is back, then a pause of ``rtt_probe_period_s``."""
-        peer = lb.peers[idx]
-        self._push(self.now + 2.0 * self._ow(lb.region, peer.region), _PING_REPLY, lb, (peer.region, self.now, idx))
-
-    def _on_ping_reply(self, lb: _LB, item):
-        region, sent, idx = item
-        lb.router.observe_rtt(region, self.now - sent)
-        if idx + 1 < len(lb.peers):
-            self._on_rtt_probe(lb, idx + 1)
-        else:
-            self._push(self.now + self.settings.rtt_probe_period_s, _RTT_PROBE, lb, 0)
+        lb.pump(everyone=True)
+        self.push(max(t0 + self.settings.heartbeat_period_s, now), HEARTBEAT, lb)
 
     # ------------------------------------------------------------------ replicas
     def _on_rep_arrive(self, rep: _Replica, req: _Req):
@@ -941,19 +743,19 @@ class Simulator:
             return
         if nr > now:
             rep.stepping = True
-            self._push(nr, _STEP_WAKE, rep)
+            self.push(nr, STEP_WAKE, rep)
             return
         out = eng.step(now)
         self.c["engine_steps"] += 1
         rep.stepping = True
         if out.duration > 0.0:
             rep.zero_steps = 0
-            self._push(now + out.duration, _STEP_END, rep, out)
+            self.push(now + out.duration, STEP_END, rep, out)
         else:
             rep.zero_steps += 1
             if rep.zero_steps > 1000:
                 raise RuntimeError(f"replica {rep.id}: engine makes no progress at t={now}")
-            self._push(now, _STEP_WAKE, rep)
+            self.push(now, STEP_WAKE, rep)
 
     def _on_step_wake(self, rep: _Replica, b):
         self._step(rep)
@@ -967,13 +769,13 @@ class Simulator:
             req.t_first = now
             ideal.count(req.prompt, req.ideal_hit)
         if out.finished:
-            ow = self._ow
+            ow = self.one_way
             for rid in out.finished:
                 req = reqs.pop(rid)
                 req.t_fin = now
                 lb = req.serve_lb
-                self._push(now + ow(rep.region, lb.region), _LB_DONE, lb, req)
-                self._push(now + req.path, _CLIENT_DONE, req)
+                self.push(now + ow(rep.region, lb.region), LB_DONE, lb, req)
+                self.push(now + req.path, CLIENT_DONE, req)
         self._step(rep)
 
     # ------------------------------------------------------------------ sampling / results
@@ -991,7 +793,7 @@ class Simulator:
             s["outstanding_spread"].append(max(outs) - min(outs))
             s["lb_queue"].append(sum(len(lb.queue) for lb in self.lbs.values()))
             self.load.sample(r.engine for r in self.replicas.values())
-        self._push(self.now + self.cfg.sample_period_s, _SAMPLE)
+        self.push(self.now + self.cfg.sample_period_s, SAMPLE)
 
     def _result(self, elapsed: float) -> SimResult:
         c = dict(self.c)

@@ -5,11 +5,13 @@ that started before its traffic has. ``warmup_s=0`` is the cold start; central L
 from __future__ import annotations
 
 import math
+from unittest import mock
 
 import pytest
 
 from ray_geolb.sim.deploy import deployment_for
 from ray_geolb.sim.metrics import dumps, summarize
+from ray_geolb.sim.region_lb import RegionLB
 from ray_geolb.sim.simulator import SimConfig, Simulator, simulate
 from ray_geolb.sim.workloads import tot
 
@@ -23,7 +25,7 @@ def _state_at_first_request(warmup_s):
     seen = {}
     sim = Simulator(tot(2, clients=CLIENTS, seed=0), deployment_for("geoprefix", REPS),
                     SimConfig(duration_s=5.0, warmup_s=warmup_s))
-    orig = sim._on_lb_arrive
+    orig = RegionLB.on_arrive
 
     def arrive(lb, req):
         if not seen:
@@ -34,8 +36,8 @@ def _state_at_first_request(warmup_s):
                               [t for t in router.local.targets if router.local.tracker.stats(t) is not None])
         return orig(lb, req)
 
-    sim._on_lb_arrive = arrive
-    res = sim.run()
+    with mock.patch.object(RegionLB, "on_arrive", arrive):  # the LB's arrival handler (sim/region_lb.py)
+        res = sim.run()
     assert res.counters["requests_completed"] > 0
     return seen
 

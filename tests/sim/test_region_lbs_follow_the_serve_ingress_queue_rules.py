@@ -2,18 +2,24 @@
 peer accounting, forwards past a waiting queue with the real number ahead, the queue bound (429) and
 the wait limit (503), heartbeats through the registry at its period, RTTs from probes. Each test first
 checks that its scenario exercises the rule (an overloaded region that holds and forwards), and turns
-the rule off to show that it is what made the difference.
+the rule off to show that it is what made the difference. Go / wait / refuse is one rule
+(``policy/region/queue_rule.py``, its table in ``tests/policy/region/test_lb_queue_rule_says_go_wait_or_refuse.py``);
+``test_the_ingress_and_the_simulated_lb_run_the_one_queue_rule`` checks that both drivers call it and do
+what it says.
 
 The scenarios overload US on an SGLang L4 engine (it reserves KV for each request's output, so its
 replica reports waiting requests and SP-P holds); on the vLLM model one replica admits 256 sequences
 and the region never holds at this load."""
 
+import asyncio
 from collections import Counter
+from unittest import mock
 
 import pytest
 
 from ray_geolb.policy.base import RouteRequest
-from ray_geolb.policy.region import GEOPREFIX_COST, REGION_LAYER, PeerState
+from ray_geolb.policy.region import GEOPREFIX_COST, REGION_LAYER, PeerState, RegionDecision
+from ray_geolb.policy.region.queue_rule import GO, QUEUE_FULL, REFUSE, WAIT, WAIT_TIMEOUT, QueueRule
 from ray_geolb.sim.deploy import deployment_for
 from ray_geolb.sim.metrics import summarize
 from ray_geolb.sim.simulator import SimConfig, Simulator
@@ -171,3 +177,61 @@ def test_heartbeats_go_through_the_registry_at_its_period(period):
             # the RTT it carries is a probe's measurement, relayed by the registry
             assert ps.rtt_s == pytest.approx(net.rtt_s(lb.region, region))
     assert summarize(res)["counters"]["forwards"] > 0
+
+
+def _spy_rule():
+    """Patch QueueRule's verdicts to record (method, verdict) for every call, whoever makes it."""
+    calls = []
+    patches = []
+    for name in ("admit", "again", "timed_out"):
+        orig = getattr(QueueRule, name)
+
+        def spy(*args, _orig=orig, _name=name):
+            v = _orig(*args)
+            calls.append((_name, v))
+            return v
+
+        patches.append(mock.patch.object(QueueRule, name, staticmethod(spy) if name == "timed_out" else spy))
+    return calls, patches
+
+
+def test_the_ingress_and_the_simulated_lb_run_the_one_queue_rule():
+    """One rule, two drivers: the Serve ingress's ``AdmissionQueue`` and the simulator's ``RegionLB`` ask
+    ``QueueRule`` for every verdict, and each refusal they count is one the rule gave."""
+    from ray_geolb.serve.ingress import AdmissionQueue, GeoHTTPError, IngressConfig
+
+    calls, patches = _spy_rule()
+    for p in patches:
+        p.start()
+    try:
+        # Serve: a held head, a newcomer refused by the bound, the head refused by the wait limit
+        q = AdmissionQueue(IngressConfig(region="us", registry=None, max_queue=1, max_wait_s=0.2, poll_s=0.01),
+                           lambda r, w: RegionDecision("hold", reason="local_full"))
+
+        async def serve():
+            held = asyncio.ensure_future(q.admit(RouteRequest("r1", "x", prompt_tokens=1)))
+            while not q.queue:
+                await asyncio.sleep(0)
+            for rid in ("r2", "r1"):
+                with pytest.raises(GeoHTTPError):
+                    await (q.admit(RouteRequest(rid, "x", prompt_tokens=1)) if rid == "r2" else held)
+
+        asyncio.run(serve())
+        served = Counter((m, v.action, v.reason if v.action == REFUSE else None) for m, v in calls)
+        assert served[("admit", WAIT, None)] == 1 and served[("again", WAIT, None)] >= 1
+        assert served[("admit", REFUSE, QUEUE_FULL)] == q.counts["queue_full"] == 1
+        assert served[("timed_out", REFUSE, WAIT_TIMEOUT)] == q.counts["wait_timeout"] == 1
+        # the simulator: an overloaded region-local LB with a small bound and a short wait limit
+        del calls[:]
+        _s, res, _e = _run("region-local", {"us": 1}, {"us": 40},
+                           region_layer={"max_queue": 3, "max_wait_s": 2.0, "retry_after_s": 0.5})
+    finally:
+        for p in patches:
+            p.stop()
+    sim = Counter((m, v.action, v.reason if v.action == REFUSE else None) for m, v in calls)
+    c = res.counters
+    assert c["lb_queue_full"] > 0 and c["lb_wait_timeout"] > 0, "precondition: both refusals happen"
+    assert sim[("admit", REFUSE, QUEUE_FULL)] == c["lb_queue_full"]
+    assert sim[("timed_out", REFUSE, WAIT_TIMEOUT)] == c["lb_wait_timeout"]
+    assert sim[("admit", GO, None)] > 0 and sim[("admit", WAIT, None)] > 0
+    assert sim[("again", GO, None)] > 0 and sim[("again", WAIT, None)] > 0

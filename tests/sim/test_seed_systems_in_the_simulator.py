@@ -116,16 +116,17 @@ def _peer(router, region, now, rtt_s, **extra):
 def test_cost_selector_holds_when_local_wait_is_short_and_forwards_when_long_sim_measured_rtt():
     import heapq
 
-    from ray_geolb.sim import simulator as simmod
+    from ray_geolb.sim import events
+    from ray_geolb.sim.region_lb import RegionLB
 
     sim = _cost_router("geoprefix", TWO, {"home": 1, "far": 1})
     # RTT as the simulator measures it: one registry heartbeat round and one probe round per LB
     sim.now = 0.0
     for lb in sim.lbs.values():
-        sim._on_heartbeat(lb, None)
-        sim._on_rtt_probe(lb, 0)
-    handlers = {simmod._HEARTBEAT: sim._on_heartbeat, simmod._REG_ARRIVE: sim._on_reg_arrive,
-                simmod._REG_REPLY: sim._on_reg_reply, simmod._PING_REPLY: sim._on_ping_reply}
+        lb.on_heartbeat()
+        lb.on_rtt_probe(0)
+    handlers = {events.HEARTBEAT: RegionLB.on_heartbeat, events.REG_ARRIVE: sim._on_reg_arrive,
+                events.REG_REPLY: sim._on_reg_reply, events.PING_REPLY: RegionLB.on_ping_reply}
     while sim._heap:
         t, _, kind, a, b = sim._heap[0]
         if t > 0.9:

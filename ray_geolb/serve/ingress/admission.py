@@ -6,7 +6,9 @@ A request that cannot go anywhere now (the region layer says *hold*) waits here,
 capacity: behind waiting requests a newcomer may not take a local replica -- but it may be forwarded
 (a peer's capacity is not what the queue waits for). Only the head is re-decided every ``poll_s`` and
 when a local request completes (:meth:`AdmissionQueue.kick`); the others when the peer table changes
-(:meth:`AdmissionQueue.kick_all`) or every 0.25 s.
+(:meth:`AdmissionQueue.kick_all`) or every 0.25 s. Go, wait or refuse is the region layer's one queue
+rule (``policy/region/queue_rule.py``: :class:`~ray_geolb.policy.region.queue_rule.QueueRule`), which the
+simulator's LB runs too; this class only waits, wakes and answers.
 
 The waiting requests and their prompt-token sum are one :class:`~ray_geolb.policy.hold_queue.HoldQueue`
 -- the same FCFS queue the simulator's LB and the GeoPrefixRouter hold requests in -- so "queued
@@ -19,9 +21,11 @@ import asyncio
 import time
 from typing import Callable, Hashable, Optional, Tuple
 
+from ray_geolb.aio import wait_or_timeout
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region import RegionDecision
+from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule
 
 from .config import IngressConfig
 from .errors import GeoHTTPError
@@ -45,6 +49,8 @@ class AdmissionQueue:
         self.region = cfg.region
         self._decide = decide
         self._clock = clock
+        #: go / wait / refuse (Serve always forwards past the queue: forward_past_queue is a code path here)
+        self.rule = QueueRule(max_queue=cfg.max_queue, max_wait_s=cfg.max_wait_s)
         #: one entry per waiting request: its wake-up event -> its prompt tokens
         self.queue: HoldQueue[asyncio.Event, int] = HoldQueue(tokens_of=int)
         self.counts = {"held": 0, "queue_full": 0, "wait_timeout": 0}
@@ -79,13 +85,14 @@ class AdmissionQueue:
         """A non-hold decision for ``rreq``, after waiting FCFS in this queue if needed. Raises
         :class:`GeoHTTPError` 429 (queue full) or 503 (no capacity within the wait limit)."""
         cfg = self.cfg
-        max_wait = cfg.max_wait_s if max_wait_s is None else min(cfg.max_wait_s, max_wait_s)
+        max_wait = self.rule.wait_limit(max_wait_s)
         t0 = self._clock()
         d = self._decide(rreq, None)
-        if d.kind != "hold" and (not self.queue or d.kind != "local"):
+        v = self.rule.admit(d, len(self.queue))
+        if v.action == GO:
             return d  # behind waiting requests only a forward (or a reject) goes straight on
-        reason = d.reason if d.kind == "hold" else "queued behind earlier requests"
-        if len(self.queue) >= cfg.max_queue:
+        reason = v.reason
+        if v.action == REFUSE:
             self.counts["queue_full"] += 1
             raise GeoHTTPError(429, f"region {self.region}: {len(self.queue)} requests already waiting "
                                     f"(max_queue={cfg.max_queue}); retry later",
@@ -107,7 +114,7 @@ class AdmissionQueue:
         cfg = self.cfg
         while True:
             remaining = deadline - self._clock()
-            if remaining <= 0:
+            if self.rule.timed_out(remaining).action == REFUSE:
                 self.counts["wait_timeout"] += 1
                 raise GeoHTTPError(503, f"region {self.region}: no replica became available within "
                                         f"{max_wait:g} s ({reason})",
@@ -115,21 +122,10 @@ class AdmissionQueue:
             ev.clear()
             # the head re-decides every poll_s; the others when the peer table changes (kick_all)
             timeout = cfg.poll_s if self.queue.is_head(ev) else max(cfg.poll_s, BEHIND_HEAD_POLL_S)
-            await _wake_or_timeout(ev, min(remaining, timeout))
+            await wait_or_timeout(ev, min(remaining, timeout))
             d = self._decide(rreq, ev)
-            if d.kind != "hold" and (self.queue.is_head(ev) or d.kind != "local"):
+            v = self.rule.again(d, self.queue.is_head(ev))
+            if v.action == GO:
                 return d
-            if d.kind == "hold":
-                reason = d.reason
-
-
-async def _wake_or_timeout(ev: asyncio.Event, timeout: float) -> None:
-    """Wait until ``ev`` is set or ``timeout`` s pass (the timer sets ``ev``). Not
-    ``asyncio.wait_for(ev.wait(), timeout)``: on Python <= 3.11 that returns normally -- swallowing the
-    task's cancellation -- when the event is set in the same loop turns as the client's cancellation
-    arrives, and the abandoned request would wait on until its deadline."""
-    timer = asyncio.get_running_loop().call_later(timeout, ev.set)
-    try:
-        await ev.wait()
-    finally:
-        timer.cancel()
+            if v.reason is not None:  # a hold's reason; a local decision not at the head keeps the last
+                reason = v.reason

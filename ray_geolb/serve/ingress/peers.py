@@ -35,6 +35,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ray import serve
 
 from ray_geolb.policy.region import PeerState, RegionRouter
+from ray_geolb.policy.region.heartbeat import heartbeat_message
 from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.snapshot_sync import SnapshotWriter
@@ -139,14 +140,10 @@ class PeerMesh:
     def heartbeat(self) -> dict:
         """This region's heartbeat: its figures, its measured RTTs, and its snapshot when due."""
         rep = self._local_report()
-        hb = {"region": self.region, "source": self.source, "available_replicas": rep["available_replicas"],
-              "queue_len": rep["queue_len"], "rtts": self.router.measured_rtts()}
-        if rep.get("extra"):
-            hb["extra"] = rep["extra"]
         now = self._clock()
-        summary = self._summary_rule.wire(self._prefix_summary(), now)
-        if summary is not None:
-            hb["prefix_summary"] = summary
+        hb = heartbeat_message(self.region, self.source, rep["available_replicas"], rep["queue_len"],
+                               self.router.measured_rtts(), extra=rep.get("extra"),
+                               prefix_summary=self._summary_rule.wire(self._prefix_summary(), now))
         w = self.snapshot_writer
         if w.pending or (self._snapshot_dirty and now - self._snapshot_sent_at >= self.cfg.snapshot_period_s):
             delta = w.delta(self.router.snapshot.snapshot())

@@ -1,0 +1,7 @@
+"""The simulator's event kinds: ``(time, seq, kind, a, b)`` on one heap (``sim/simulator.py``); the LB
+events' ``a`` is a :class:`~ray_geolb.sim.region_lb.RegionLB`, whose methods handle them."""
+
+LB_ARRIVE, REP_ARRIVE, STEP_END, STEP_WAKE, LB_DONE, CLIENT_DONE = 0, 1, 2, 3, 4, 5
+STATS_MEASURE, STATS_DELIVER, HEARTBEAT, REG_ARRIVE, PROG_START, OPEN_ARRIVAL, SAMPLE, PING_REPLY = (
+    6, 7, 8, 9, 10, 11, 12, 13)
+REG_REPLY, RTT_PROBE, LB_TIMEOUT, RETRY = 14, 15, 16, 17

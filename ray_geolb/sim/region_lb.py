@@ -1,0 +1,265 @@
+"""One simulated load balancer: :class:`RegionLB`, a region's LB (or a central one) in virtual time.
+
+It is the simulator's driver of the region layer, as the Serve ingress is Serve's: a
+:class:`~ray_geolb.policy.region.router.RegionRouter` around a local policy, an FCFS
+:class:`~ray_geolb.policy.hold_queue.HoldQueue`, and the region layer's one queue rule
+(:class:`~ray_geolb.policy.region.queue_rule.QueueRule`: go / wait / refuse), which the ingress's
+``AdmissionQueue`` runs too. A per-region LB is deployed as the ingress (``DeploymentSpec.settings``:
+``max_queue``, ``max_wait_s``, ``forward_past_queue``); a central LB keeps a strict, unbounded FCFS queue.
+
+Its methods handle the LB's events (``sim/events.py``: the event's ``a`` is the LB): a request arriving,
+its wait limit, a completion seen by the LB, a replica report delivered, a heartbeat tick (the message
+is :func:`~ray_geolb.policy.region.heartbeat.heartbeat_message`, as Serve's ``PeerMesh.heartbeat``) and
+RTT probes. The simulator (``sim`` below) owns the clock, the event heap, the replicas, the registry and
+the clients; the LB reaches them through ``sim.now``, ``sim.push``, ``sim.one_way``, ``sim.count``,
+``sim.refuse`` (a refusal: the client retries) and ``sim.reject`` (a rejection: its program goes on).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, List, Optional
+
+from ray_geolb.policy.hold_queue import HoldQueue
+from ray_geolb.policy.region.heartbeat import heartbeat_message
+from ray_geolb.policy.region.prefix_summary import SummarySendRule
+from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule, Verdict
+from ray_geolb.policy.region.router import RegionDecision, RegionRouter
+
+from .events import LB_ARRIVE, LB_TIMEOUT, PING_REPLY, REG_ARRIVE, REP_ARRIVE, RTT_PROBE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .simulator import Simulator
+
+__all__ = ["RegionLB"]
+
+
+def _prompt_tokens(req) -> int:
+    return req.prompt
+
+
+class RegionLB:
+    """One LB of a simulation (see the module docstring). ``ingress``: deployed as the Serve ingress
+    (per-region and region-local LBs); False: a central LB."""
+
+    __slots__ = ("sim", "name", "region", "router", "queue", "peers", "policy", "ingress", "rule", "reg_delay",
+                 "summary_rule")
+
+    def __init__(self, sim: "Simulator", name: str, region: str, router: RegionRouter, ingress: bool = False):
+        self.sim = sim
+        self.name = name
+        self.region = region
+        self.router: RegionRouter = router
+        self.policy = router.local
+        self.queue: HoldQueue = HoldQueue(_prompt_tokens)  # FCFS, by request id, with the prompt-token sum
+        self.peers: List["RegionLB"] = []
+        self.ingress = ingress
+        st = sim.settings
+        #: go / wait / refuse: the ingress's bounds, or a central LB's strict, unbounded FCFS
+        self.rule = QueueRule(st.max_queue, st.max_wait_s, st.forward_past_queue) if ingress else \
+            QueueRule(forward_past_queue=False)
+        #: half its last registry round trip, the one-way delay its heartbeats declare (RegistryClient.delay_s)
+        self.reg_delay: Optional[float] = None
+        #: which of its heartbeats carry its prefix summary (Serve: PeerMesh.heartbeat, the same rule)
+        self.summary_rule = SummarySendRule()
+
+    # ------------------------------------------------------------------ the queue
+    def on_arrive(self, req) -> None:
+        """A request reaches this LB. As the ingress (``AdmissionQueue.admit``): the head is decided first,
+        then the newcomer, with every waiting request ahead of it; the rule says go, wait or refuse. A
+        central LB (and ``forward_past_queue`` off, behind waiting requests): it joins without a decision."""
+        req.t_lb = self.sim.now
+        q = self.queue
+        if not self.ingress:  # a central LB: strict FCFS, unbounded
+            q.append(req.rid, req)
+            self.pump()
+            return
+        rule = self.rule
+        if not rule.decides_newcomer(len(q)):
+            self._enqueue(req, rule.admit(None, len(q)))
+            self.pump()
+            return
+        self.pump()  # the head first (Serve re-decides it every poll_s)
+        d = self._decide(req, len(q), q.tokens)
+        v = rule.admit(d, len(q))
+        if v.action == GO:
+            self._apply(req, d)
+        else:
+            self._enqueue(req, v)
+
+    def _decide(self, req, ahead: int, ahead_tokens: int) -> RegionDecision:
+        """The region layer's decision for ``req`` with ``ahead`` requests (``ahead_tokens`` prompt tokens)
+        waiting before it here -- the cost selector's ``Q_lb`` and the slot wait's ``ahead``."""
+        router = self.router
+        router.set_queue(ahead, float(ahead_tokens))
+        return router.decide(req.rreq, self.sim.now)
+
+    def _enqueue(self, req, v: Verdict) -> None:
+        """``req`` waits here (FCFS) or, refused by the rule (the ingress's 429), goes back to its client."""
+        sim = self.sim
+        if v.action == REFUSE:
+            sim.refuse(req, v.reason)
+            return
+        self.queue.append(req.rid, req)
+        self._held(req, v.reason)
+        limit = self.rule.wait_limit()
+        if limit is not None:  # the ingress's wait limit (its 503)
+            sim.push(sim.now + limit, LB_TIMEOUT, self, (req, req.t_lb))
+
+    def _held(self, req, reason: str) -> None:
+        sim = self.sim
+        if sim.trace is not None:
+            sim.trace("hold", {"lb": self.name, "req": req.rid, "t": sim.now, "reason": reason})
+        if not req.held:
+            req.held = True
+            sim.c["lb_holds"] += 1
+
+    def pump(self, everyone: bool = False) -> None:
+        """Decide the head of the queue (nothing ahead of it) until one waits. ``everyone`` (a new peer
+        table: Serve's ``kick_all``): then the other waiting requests too, each with the requests still
+        ahead of it; the rule lets them go to a peer (or be rejected), not take a local slot."""
+        q = self.queue
+        if not q:
+            return
+        rule = self.rule
+        while q:
+            rid, req = q.head()
+            d = self._decide(req, 0, 0)
+            v = rule.again(d, True)
+            if v.action != GO:
+                self._held(req, v.reason)
+                break
+            q.pop_head()
+            self._apply(req, d)
+        if everyone and len(q) > 1 and rule.forward_past_queue and self.router.available_peers(self.sim.now):
+            # (no peer available: nothing behind the head can change from hold to forward)
+            ahead = ahead_tokens = 0
+            for i, (rid, req) in enumerate(list(q.items())):
+                if i > 0:
+                    d = self._decide(req, ahead, ahead_tokens)
+                    if rule.again(d, False).action == GO:
+                        q.remove(rid)
+                        self._apply(req, d)
+                        continue
+                ahead += 1
+                ahead_tokens += req.prompt
+
+    def _apply(self, req, d: RegionDecision) -> None:
+        """Carry out a local / forward / reject decision for ``req`` (no longer in the queue)."""
+        sim = self.sim
+        now = sim.now
+        router = self.router
+        trace = sim.trace
+        kind = d.kind
+        req.lb_wait += now - req.t_lb
+        if kind == "local":
+            rep = sim.replicas[d.target]
+            if trace is not None:
+                trace("local", {"lb": self.name, "req": req.rid, "t": now, "target": d.target,
+                                "policy": self.policy, "hops": req.rreq.hops})
+            router.on_dispatch(req.rreq, d.target, now)
+            sim.count(f"local:{d.reason or 'local'}")
+            req.serve_lb = self
+            req.replica = rep
+            req.t_disp = now
+            delay = sim.one_way(self.region, rep.region)
+            req.path += delay
+            if rep.region != req.region:
+                req.cross = True
+            sim.push(now + delay, REP_ARRIVE, rep, req)
+        elif kind == "forward":
+            peer = sim.lbs[d.target]
+            if trace is not None:
+                trace("forward", {"lb": self.name, "req": req.rid, "t": now, "target": d.target,
+                                  "local_available": len(self.policy.tracker.available),
+                                  "ahead": router.queue_len, "queued": len(self.queue)})
+            router.on_forward(req.rreq, d.target, now)
+            if sim.settings.note_forwards:  # one more in the peer's queue until its next heartbeat
+                router.note_forward(d.target)
+            sim.c["forwards"] += 1
+            sim.count(f"forward:{d.reason}")
+            req.rreq.hops += 1
+            req.cross = True
+            delay = sim.one_way(self.region, peer.region)
+            req.path += delay
+            sim.push(now + delay, LB_ARRIVE, peer, req)
+        else:  # reject
+            sim.reject(req, d.reason)
+
+    def on_timeout(self, item) -> None:
+        """The ingress's wait limit: a request still waiting here ``max_wait_s`` after it arrived is refused."""
+        req, t_lb = item
+        q = self.queue
+        if req.rid not in q or q[req.rid] is not req or req.t_lb != t_lb:
+            return  # it left the queue (served, forwarded, refused)
+        sim = self.sim
+        v = self.rule.timed_out(t_lb + self.rule.wait_limit() - sim.now)  # this event is at that deadline
+        if v.action != REFUSE:
+            return
+        was_head = q.is_head(req.rid)
+        q.remove(req.rid)
+        req.lb_wait += sim.now - req.t_lb
+        sim.refuse(req, v.reason)
+        if was_head:
+            self.pump()
+
+    # ------------------------------------------------------------------ what the LB hears
+    def on_done(self, req) -> None:
+        """A request this LB dispatched completed (seen one replica->LB delay after the engine finished)."""
+        sim = self.sim
+        # TTFT as this LB sees it: the first token reaches it one replica->LB delay after the engine
+        # produced it; minus when it dispatched the request (feeds the online t_p regression)
+        ttft = None
+        if req.t_first is not None:
+            ttft = req.t_first + sim.one_way(req.replica.region, self.region) - req.t_disp
+        self.policy.on_complete(req.rid, req.replica.id, sim.now, ttft_s=ttft, ok=True, req=req.rreq)
+        self.router.on_local_complete(sim.now)  # the 'cost' selector's local drain rate (stay_slot_wait)
+        self.pump()
+
+    def on_stats(self, item) -> None:
+        """A replica's report reaches this LB."""
+        rid, st = item
+        self.policy.on_stats(rid, st)
+        sim = self.sim
+        if sim.trace is not None:
+            sim.trace("stats", {"lb": self.name, "target": rid, "t": sim.now, "stats": st})
+        self.pump()
+
+    # ------------------------------------------------------------------ registry link and RTT probes
+    def on_heartbeat(self, _b=None) -> None:
+        """One tick of the LB's registry link (Serve: ``RegistryClient.tick``): its heartbeat -- the
+        figures ``RequestPath.local_report`` sends, and its measured RTTs -- travels to the registry
+        (the simulator's ``_on_reg_arrive``), which answers with the peer table; the next tick is one
+        period after this one began, or when the answer arrives if that is later."""
+        sim = self.sim
+        now = sim.now
+        c = sim.c
+        c["heartbeats"] += 1
+        router = self.router
+        ps = router.heartbeat(len(self.queue), now, queued_tokens=float(self.queue.tokens))
+        rtts = router.measured_rtts()
+        summary = self.summary_rule.wire(ps.prefix_summary, now)  # as PeerMesh.heartbeat
+        hb = heartbeat_message(self.region, self.region, ps.available_replicas, ps.queue_len, rtts,
+                               extra=ps.extra, prefix_summary=summary, delay_s=self.reg_delay)
+        if summary is not None:
+            size = len(json.dumps(summary, separators=(",", ":")))
+            c["prefix_summaries"] = c.get("prefix_summaries", 0) + 1
+            c["prefix_summary_bytes"] = c.get("prefix_summary_bytes", 0) + size
+            c["prefix_summary_bytes_max"] = max(c.get("prefix_summary_bytes_max", 0), size)
+        sim.push(now + sim.one_way(self.region, sim.registry_region), REG_ARRIVE, self, (hb, now))
+
+    def on_rtt_probe(self, idx: int) -> None:
+        """RTT probes (Serve: ``PeerMesh._probe_loop``): each peer pinged in turn, the sample fed to
+        ``RegionRouter.observe_rtt`` when the reply is back, then a pause of ``rtt_probe_period_s``."""
+        sim = self.sim
+        peer = self.peers[idx]
+        sim.push(sim.now + 2.0 * sim.one_way(self.region, peer.region), PING_REPLY, self, (peer.region, sim.now, idx))
+
+    def on_ping_reply(self, item) -> None:
+        region, sent, idx = item
+        sim = self.sim
+        self.router.observe_rtt(region, sim.now - sent)
+        if idx + 1 < len(self.peers):
+            self.on_rtt_probe(idx + 1)
+        else:
+            sim.push(sim.now + sim.settings.rtt_probe_period_s, RTT_PROBE, self, 0)
