@@ -2,7 +2,7 @@
 
 Selective pushing holds a request at the LB when no replica is available for it; held requests are
 served strictly first come, first served (only the head may take a local replica). The same class
-holds them in the simulator's LB (``sim/simulator.py``) and in the Serve model router's held queue
+holds them in the simulator's LB (``sim/region_lb.py``) and in the Serve model router's held queue
 (``GeoPrefixRouter`` in ``serve/router.py``), so "what waits here" and "what waits ahead of this
 request" -- the region layer's ``Q_lb`` and the slot wait's ``ahead`` -- are counted one way.
 

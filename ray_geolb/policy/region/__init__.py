@@ -3,8 +3,10 @@
 ``router.py`` (RegionRouter, PeerState, RegionDecision), ``config.py`` (TwoLayerConfig, the cost
 selector's config and presets, and RegionLayerSettings / REGION_LAYER: how a region's LB is deployed),
 one file per peer selector behind ``peer_selector.PeerSelector``, ``estimators.py`` (RTT, drain rate),
-``local_layer.py`` (what it may ask of the local policy) and ``prefix_summary.py`` (the hash-only summary
-of its replicas' prefixes a region publishes to its peers).
+``local_layer.py`` (what it may ask of the local policy), ``prefix_summary.py`` (the hash-only summary
+of its replicas' prefixes a region publishes to its peers), ``queue_rule.py`` (the LB queue's go / wait /
+refuse) and ``heartbeat.py`` (the heartbeat message), the last two run by the Serve ingress and the
+simulator's LB alike.
 """
 
 from .config import (
