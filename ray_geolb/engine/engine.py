@@ -641,11 +641,6 @@ class EngineModel:
         }
 
     @property
-    def num_pending(self) -> int:
-        """Requests still inside their fixed TTFT overhead (not yet schedulable)."""
-        return sum(1 for s in self._reqs.values() if s.status == _PENDING)
-
-    @property
     def num_unfinished(self) -> int:
         return len(self._reqs)
 

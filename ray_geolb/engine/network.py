@@ -175,9 +175,6 @@ class RegionNetwork:
             raise ValueError("nearest: no candidates")
         return min(cands, key=lambda c: self.rtt_ms(region, c))  # min is stable: first wins ties
 
-    def matrix_ms(self) -> list[list[float]]:
-        return [list(row) for row in self._m]
-
     def __contains__(self, region: object) -> bool:
         return region in self._idx
 

@@ -443,9 +443,6 @@ class LoadTracker:
             free = min(free, int((st.kv_budget - st.unseen_tokens) // self.request_tokens))
         return max(0, free)
 
-    def _is_available(self, st: _Target) -> bool:
-        return self._free(st) > 0
-
     def free_slots(self) -> int:
         """Requests this router may still send to its targets before any of them needs a newer report
         (the sum of :meth:`_free` over the targets; O(1)). The Serve ingress admits that many requests

@@ -31,7 +31,6 @@ from operator import le
 from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple, Type
 
 from .availability import LoadTracker, ReplicaStats
-from .canonical import canonical_text
 from .config import PolicyConfig
 from .prefix_index import PrefixIndex
 
@@ -79,10 +78,6 @@ class RouteRequest:
             self.allowed_regions = frozenset(self.allowed_regions)
             if not self.allowed_regions:
                 raise ValueError("RouteRequest.allowed_regions must not be empty (None means any region)")
-
-    @classmethod
-    def from_body(cls, request_id: str, body: Any, **kw) -> "RouteRequest":
-        return cls(request_id=request_id, text=canonical_text(body), **kw)
 
     def prepared_for(self, index) -> Any:
         """``index.prepare(self.text)``, computed once per index object and kept with the request."""

@@ -67,7 +67,7 @@ New systems are one :func:`register_system` call each.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.engine.network import RegionNetwork
@@ -385,6 +385,3 @@ def deployment_for(system: Any, replicas: Dict[str, int], *, network: Optional[R
                           central_region=creg, two_layer=tl, network=network, system=rec.name, **overrides)
     return spec
 
-
-def with_replicas(spec: DeploymentSpec, replicas: Dict[str, int]) -> DeploymentSpec:
-    return replace(spec, replicas=dict(replicas))

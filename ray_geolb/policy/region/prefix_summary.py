@@ -38,7 +38,7 @@ import binascii
 import json
 import math
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Sequence
 
 import numpy as np
 
@@ -237,11 +237,3 @@ class PrefixSummary:
 def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
-
-def keys_of(texts: Iterable[str], block_chars: int = 64, growth: float = 0.125) -> list:
-    """Every block key of ``texts`` at a geometry (tests and benchmarks)."""
-    h = _hasher(block_chars, growth)
-    out = []
-    for t in texts:
-        out.extend(h.prepare(t).keys)
-    return out
