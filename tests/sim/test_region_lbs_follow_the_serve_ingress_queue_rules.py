@@ -235,3 +235,32 @@ def test_the_ingress_and_the_simulated_lb_run_the_one_queue_rule():
     assert sim[("timed_out", REFUSE, WAIT_TIMEOUT)] == c["lb_wait_timeout"]
     assert sim[("admit", GO, None)] > 0 and sim[("admit", WAIT, None)] > 0
     assert sim[("again", GO, None)] > 0 and sim[("again", WAIT, None)] > 0
+
+
+def test_the_ingress_and_the_simulated_lb_send_one_heartbeat_message():
+    """One heartbeat builder (``policy/region/heartbeat.py``): Serve's ``PeerMesh.heartbeat`` and the
+    simulated LB both call it, and the registry accepts what each sends."""
+    from ray_geolb.policy.region import heartbeat as hb_mod
+    from ray_geolb.policy.region.registry_state import RegistryState
+    from ray_geolb.serve.ingress import IngressConfig
+    from ray_geolb.serve.ingress.request_path import RequestPath
+
+    built = []
+
+    def spy(*args, **kw):
+        built.append(hb_mod.heartbeat_message(*args, **kw))
+        return built[-1]
+
+    cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu"}, latency={"scale": 0.0})
+    ing = RequestPath(cfg.model_dump(), geo_router=lambda: None)
+    ing.router.observe_rtt("eu", 0.05)
+    with mock.patch("ray_geolb.serve.ingress.peers.heartbeat_message", spy), \
+            mock.patch("ray_geolb.sim.region_lb.heartbeat_message", spy):
+        serve_hb = ing.peers.heartbeat()
+        _sim, res, _e = _run("geoprefix", duration=1.0)
+    assert built[0] is serve_hb and serve_hb["rtts"] == {"eu": 0.05} and serve_hb["region"] == "us"
+    sim_hbs = built[1:]
+    assert sim_hbs and len(sim_hbs) == res.counters["heartbeats"]  # every simulated heartbeat was built by it
+    assert {"region", "source", "available_replicas", "queue_len", "rtts"} <= set(serve_hb) & set(sim_hbs[-1])
+    reg = RegistryState(regions=["us", "eu"])
+    assert "errors" not in reg.heartbeat_batch([serve_hb])
