@@ -44,7 +44,7 @@ def router(name: str, peer_summary: bool) -> RegionRouter:
     local = build_policy("geoprefix", targets=targets)
     for t in targets:
         local.on_stats(t, ReplicaStats(max_num_seqs=256, timestamp=0.0))
-    cost = dict(GEOPREFIX_COST, peer_summary=peer_summary)
+    cost = GEOPREFIX_COST.model_copy(update={"peer_summary": peer_summary})
     return RegionRouter(TwoLayerConfig(region=name, remote="cost", cost=cost), local)
 
 

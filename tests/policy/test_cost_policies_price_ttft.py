@@ -105,7 +105,7 @@ def test_geoprefix_floors_t_p_at_the_prior_so_a_queueing_dominated_fit_keeps_pre
     assert costs["a"] == pytest.approx(TP * (612 - 512)) and costs["b"] == pytest.approx(TP * 612)
     assert geo.choose(req, 2.0).target == "a"
     # the region layer reads the floored t_p too (stay cost, heartbeat)
-    r = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=dict(GEOPREFIX_COST)), geo)
+    r = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=GEOPREFIX_COST), geo)
     assert r.heartbeat(0, 3.0, queued_tokens=0.0).extra["t_p_s"] == TP
 
 

@@ -22,7 +22,7 @@ from ray_geolb.serve.router import GeoPrefixRouter
 AGE_S = 600.0
 DOC = "a shared 3,000-character system prompt about routing requests between regions. " * 40
 QUESTION = DOC + "and now a question"
-COST = dict(GEOPREFIX_COST, match_half_life_s=300.0)
+COST = GEOPREFIX_COST.model_copy(update={"match_half_life_s": 300.0})
 
 
 class _Router(GeoPrefixRouter):

@@ -200,7 +200,7 @@ def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote
     from ray_geolb.serve.ingress import IngressConfig, RequestPath
 
     cfg = IngressConfig(region="us", peers={"eu": "geolb-eu", "asia": "geolb-asia"}, registry=None,
-                        two_layer={"remote": remote, "cost": dict(GEOPREFIX_COST)})
+                        two_layer={"remote": remote, "cost": GEOPREFIX_COST})
     fake = SimpleNamespace(policy=policy, num_available=lambda: available, free_slots=lambda: available,
                            queue_len=lambda: router_queue,
                            queued_tokens=lambda: router_tokens, decision=lambda rid: None)
@@ -227,7 +227,7 @@ def test_local_view_is_the_live_policy_and_prices_staying_like_the_simulator():
     assert view.pooled_t_p() == geo.pooled_t_p() == pytest.approx(2e-4)
     assert view.tracker.outstanding("r1") == 2 and view.tracker.stats("r1").num_waiting == 2
     # the simulator's RegionRouter over the real policy, with the same LB queue ahead, prices staying alike
-    sim = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=dict(GEOPREFIX_COST)), geo)
+    sim = RegionRouter(TwoLayerConfig(region="us", remote="cost", cost=GEOPREFIX_COST), geo)
     sim.set_queue(3, 900.0)
     ing.set_queue_ahead(None)
     assert (ing.router.queue_len, ing.router.queued_tokens) == (3, 900.0)
@@ -367,15 +367,15 @@ def test_ingress_slot_wait_config_maps_onto_the_core_config():
     def cost(**kw):
         return IngressConfig(region="us", registry=None, **kw).two_layer_config().cost
 
-    geo = {"remote": "cost", "cost": dict(GEOPREFIX_COST)}
+    geo = {"remote": "cost", "cost": GEOPREFIX_COST}
     c = cost(two_layer=geo)  # None: the preset's own value (on for GeoPrefix)
     assert c.stay_slot_wait and (c.drain_window_s, c.drain_min_samples) == (10.0, 4)
-    assert not cost(two_layer={"remote": "cost", "cost": dict(GORGO_COST)}).stay_slot_wait  # GORGO: off
-    c = cost(two_layer={"remote": "cost", "cost": dict(GORGO_COST)}, stay_slot_wait=True, drain_window_s=5.0,
+    assert not cost(two_layer={"remote": "cost", "cost": GORGO_COST}).stay_slot_wait  # GORGO: off
+    c = cost(two_layer={"remote": "cost", "cost": GORGO_COST}, stay_slot_wait=True, drain_window_s=5.0,
              drain_min_samples=3)  # the ingress fields override
     assert c.stay_slot_wait and (c.drain_window_s, c.drain_min_samples) == (5.0, 3) and not c.remote_queue
     c = cost(two_layer=geo, stay_slot_wait=False)  # turns GeoPrefix's term off, the rest of the preset kept
-    assert not c.stay_slot_wait and c.remote_queue and c.w_shared == GEOPREFIX_COST["w_shared"]
+    assert not c.stay_slot_wait and c.remote_queue and c.w_shared == GEOPREFIX_COST.w_shared
     for bad in ({"drain_window_s": 0}, {"drain_window_s": float("inf")}, {"drain_min_samples": 1}):
         with pytest.raises(ValidationError, match=next(iter(bad))):
             IngressConfig(region="us", registry=None, **bad)

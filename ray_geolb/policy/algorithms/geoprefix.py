@@ -79,6 +79,6 @@ class GeoPrefix(CostPolicy):
 
 def geoprefix_two_layer(region: str, **over) -> dict:
     """The ``TwoLayerConfig`` fields GeoPrefix uses: ``remote="cost"`` with the remote queue."""
-    cfg = {"region": region, "remote": "cost", "cost": dict(GEOPREFIX_COST)}
+    cfg = {"region": region, "remote": "cost", "cost": GEOPREFIX_COST.model_dump(exclude_unset=True)}
     cfg.update(over)
     return cfg

@@ -77,11 +77,13 @@ class CostSelectorConfig(_Strict):
     ttft: TtftModelConfig = TtftModelConfig()
 
 
-GORGO_COST = {"remote_queue": False}
-GEOPREFIX_COST = {"remote_queue": True, "min_match_chars": 256, "match_half_life_s": 600.0, "staleness_scale_s": 2.0,
-                  "w_shared": 1.0, "stay_slot_wait": True, "forwards_cap_peers": False,
-                  "forward_before_saturation": True, "forward_margin_s": 1.0, "peer_summary": True,
-                  "home_key_chars": 8000}
+#: the two presets of the 'cost' selector, as config instances (frozen; ``preset.model_copy(update={...})``
+#: for a variant). ``model_dump(exclude_unset=True)`` is what a preset sets beyond the defaults.
+GORGO_COST = CostSelectorConfig(remote_queue=False)
+GEOPREFIX_COST = CostSelectorConfig(remote_queue=True, min_match_chars=256, match_half_life_s=600.0,
+                                    staleness_scale_s=2.0, w_shared=1.0, stay_slot_wait=True,
+                                    forwards_cap_peers=False, forward_before_saturation=True, forward_margin_s=1.0,
+                                    peer_summary=True, home_key_chars=8000)
 
 
 class RegionLayerSettings(_Strict):
@@ -133,8 +135,8 @@ class RegionLayerSettings(_Strict):
     default_policy: str = Field("geoprefix", min_length=1, description="local policy of an app that names none")
     peer_selectors: Dict[str, Dict[str, Any]] = Field(
         default_factory=lambda: {
-            "geoprefix": {"remote": "cost", "cost": dict(GEOPREFIX_COST)},
-            "gorgo": {"remote": "cost", "cost": dict(GORGO_COST)},
+            "geoprefix": {"remote": "cost", "cost": GEOPREFIX_COST.model_dump(exclude_unset=True)},
+            "gorgo": {"remote": "cost", "cost": GORGO_COST.model_dump(exclude_unset=True)},
             "skylb_ch": {"remote": "ring"},
         },
         description="local policy -> TwoLayerConfig fields of its region layer (others: the prefix selector)")

@@ -36,7 +36,7 @@ def _us(cost=GEOPREFIX_COST, policy="geoprefix"):
 
 # the home rule (a new long prompt goes to one region chosen by hash, test_new_long_prompt_has_one_home_region.py)
 # left out, so that what decides below is the summary alone
-NO_HOME = dict(GEOPREFIX_COST, home_key_chars=None)
+NO_HOME = GEOPREFIX_COST.model_copy(update={"home_key_chars": None})
 
 
 def test_forwards_to_the_peer_that_holds_a_long_prefix_before_saturation():
@@ -76,7 +76,7 @@ def test_stays_without_a_summary_or_a_match_or_when_forwarding_costs_more():
     assert r.selector.last_costs["eu"] > r.selector.last_costs[None] - 1.0
 
 
-@pytest.mark.parametrize("cost", [GORGO_COST, dict(NO_HOME, peer_summary=False)])
+@pytest.mark.parametrize("cost", [GORGO_COST, NO_HOME.model_copy(update={"peer_summary": False})])
 def test_systems_without_peer_summary_ignore_it(cost):
     peer = _peer_holding(DOC + " question one")
     r = _us(cost=dict(cost, forward_before_saturation=True, forward_margin_s=1.0))

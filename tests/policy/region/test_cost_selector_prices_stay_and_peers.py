@@ -53,7 +53,7 @@ def test_cost_selector_holds_when_staying_is_cheaper_and_counts_the_local_queue(
 
 
 def test_geoprefix_remote_wait_staleness_and_forwards_since_heartbeat():
-    r = region(remote="cost", cost=dict(GEOPREFIX_COST, staleness_scale_s=2.0), tau=5)
+    r = region(remote="cost", cost=GEOPREFIX_COST.model_copy(update={"staleness_scale_s": 2.0}), tau=5)
     fill(r)
     r.update_peer(PeerState("eu", 1, 1, 1.0, rtt_s=0.1, extra={"queued_tokens": 1000, "replicas": 2}))
     req = rq(0, "q" * 4000)
@@ -108,7 +108,7 @@ def test_heartbeat_carries_queue_tokens_replicas_and_t_p():
 
 @pytest.mark.parametrize("w_shared, expect", [(0.0, "ca"), (1.0, "au")])
 def test_peer_recompute_is_priced_for_the_requests_in_flight_there(w_shared, expect):
-    r = region(remote="cost", cost={**GEOPREFIX_COST, "w_shared": w_shared}, snapshot=FIXED)
+    r = region(remote="cost", cost=GEOPREFIX_COST.model_copy(update={"w_shared": w_shared}), snapshot=FIXED)
     fill(r)  # no local replica available
     r.update_peer(PeerState("ca", 2, 0, 1.0, rtt_s=0.02, extra={"replicas": 2, "inflight": 60}))  # near, 30/replica
     r.update_peer(PeerState("au", 2, 0, 1.0, rtt_s=0.2, extra={"replicas": 2, "inflight": 0}))  # far, idle
@@ -122,11 +122,11 @@ def test_peer_recompute_is_priced_for_the_requests_in_flight_there(w_shared, exp
     if w_shared:  # forwards since the heartbeat count as in flight there
         r.on_forward(req, "au", 1.2)
         assert r.selector.peer_inflight(r, "au") == pytest.approx(0.5)
-    assert GORGO_COST.get("w_shared", 0.0) == 0.0  # GORGO's selector is unchanged
+    assert GORGO_COST.w_shared == 0.0  # GORGO's selector is unchanged
 
 
 def test_stay_cost_leaves_the_in_flight_term_out_when_peers_do_not_report_it():
-    r = region(remote="cost", cost=dict(GEOPREFIX_COST), snapshot=FIXED)
+    r = region(remote="cost", cost=GEOPREFIX_COST, snapshot=FIXED)
     fill(r)
     for i in range(4):
         r.on_dispatch(rq(f"l{i}", f"{i}" * 800), "us-0", 0.5)  # 4 requests in flight here
@@ -178,8 +178,8 @@ def _saturated(cost, **two):
 
 def test_stay_cost_adds_the_slot_wait_when_no_local_replica_is_available():
     req = rq(0, "q" * 4000)
-    on = _saturated(dict(GEOPREFIX_COST, q_hat=2.0))
-    off = _saturated(dict(GEOPREFIX_COST, q_hat=2.0, stay_slot_wait=False))
+    on = _saturated(GEOPREFIX_COST.model_copy(update={"q_hat": 2.0}))
+    off = _saturated(GEOPREFIX_COST.model_copy(update={"q_hat": 2.0, "stay_slot_wait": False}))
     base = off.selector.local_cost(off, req, 10.0)
     for t in (6.0, 7.0, 8.0):  # 3 completions < drain_min_samples = 4: rate unknown, no term
         on.on_local_complete(t)
@@ -205,7 +205,7 @@ def test_slot_wait_turns_a_hold_into_a_forward_in_geoprefix_only():
     once us has measured that its slots free at 2/s, GeoPrefix forwards. GORGO's selector (no such
     term, as in the paper) keeps holding on the same inputs."""
     def run(cost):
-        r = region(remote="cost", cost=dict(cost), policy="gorgo" if cost is GORGO_COST else "geoprefix")
+        r = region(remote="cost", cost=cost, policy="gorgo" if cost is GORGO_COST else "geoprefix")
         for t in r.local.targets:  # both batches full under SP-P, nothing waiting in the engines
             r.local.on_stats(t, ReplicaStats(num_waiting=0, num_running=64, max_num_seqs=64, timestamp=1.0))
         r.set_queue(0, 0.0)
@@ -221,7 +221,7 @@ def test_slot_wait_turns_a_hold_into_a_forward_in_geoprefix_only():
     assert r.selector.last_slot_wait_s == pytest.approx(3.5 / 8)
     first, d, r = run(GORGO_COST)
     assert first == "hold" and (d.kind, d.reason) == ("hold", "stay_cheaper"), r.selector.last_costs
-    assert not CostSelectorConfig(**GORGO_COST).stay_slot_wait and r.selector.last_slot_wait_s == 0.0
+    assert not GORGO_COST.stay_slot_wait and r.selector.last_slot_wait_s == 0.0
 
 
 def test_on_local_complete_without_the_cost_selector_is_a_no_op():
@@ -236,7 +236,7 @@ def test_noted_forwards_cap_a_peer_only_where_the_cost_selector_does_not_price_t
     queue either way; with ``forwards_cap_peers=False`` (GeoPrefix) it no longer makes the peer unavailable
     after tau + 1 forwards: the selector's own forwards-since-heartbeat term prices them instead, and that
     term still grows with every forward (no double counting, no blind herding)."""
-    r = region(remote="cost", cost=dict(GEOPREFIX_COST, forwards_cap_peers=cap), tau=2)
+    r = region(remote="cost", cost=GEOPREFIX_COST.model_copy(update={"forwards_cap_peers": cap}), tau=2)
     fill(r)
     r.set_queue(0, 0)
     r.update_peer(PeerState("eu", 1, 0, 1.0, rtt_s=0.1, extra={"queued_tokens": 0, "replicas": 2, "inflight": 0}))
@@ -260,13 +260,13 @@ def test_noted_forwards_cap_a_peer_only_where_the_cost_selector_does_not_price_t
 
 
 def test_geoprefix_prices_its_forwards_and_gorgo_lets_note_forward_cap_them():
-    assert CostSelectorConfig(**GEOPREFIX_COST).forwards_cap_peers is False
-    assert CostSelectorConfig(**GORGO_COST).forwards_cap_peers is True  # GORGO's cost has no remote queue term
+    assert GEOPREFIX_COST.forwards_cap_peers is False
+    assert GORGO_COST.forwards_cap_peers is True  # GORGO's cost has no remote queue term
 
 
 def _before_saturation(**cost):
-    r = region(remote="cost", cost={**GEOPREFIX_COST, "forward_before_saturation": True, "forward_margin_s": 0.25,
-                                    "forward_hysteresis": 0.5, **cost})
+    r = region(remote="cost", cost=GEOPREFIX_COST.model_copy(update={
+        "forward_before_saturation": True, "forward_margin_s": 0.25, "forward_hysteresis": 0.5, **cost}))
     r.set_queue(0, 0)
     req = rq(0, P + "tail" * 100)  # 2448 chars = 612 tokens; eu was sent the 2048-char prefix
     r.snapshot.insert(req.prepared_for(r.snapshot), "eu", 1.0)
@@ -303,8 +303,8 @@ def test_before_saturation_ties_stay_local_and_the_flag_and_hop_limit_are_respec
     off.selector.config = off.selector.config.model_copy(update={"forward_before_saturation": False})
     assert _at_saving(off, req2, 0.5, 2.0).kind == "local"  # off (the selector's default): SkyLB's layer 1
     assert CostSelectorConfig().forward_before_saturation is False
-    assert CostSelectorConfig(**GEOPREFIX_COST).forward_before_saturation is True  # GeoPrefix's preset: on
-    assert CostSelectorConfig(**GORGO_COST).forward_before_saturation is False  # GORGO as published
+    assert GEOPREFIX_COST.forward_before_saturation is True  # GeoPrefix's preset: on
+    assert GORGO_COST.forward_before_saturation is False  # GORGO as published
     r, req = _before_saturation()
     req.hops = 1  # already forwarded once: never again
     assert _at_saving(r, req, 0.5, 2.0).kind == "local"

@@ -12,7 +12,7 @@ from ray_geolb.policy import PeerState
 from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST
 
 REGIONS = ("us", "eu", "asia")
-DEPTH = GEOPREFIX_COST["home_key_chars"]
+DEPTH = GEOPREFIX_COST.home_key_chars
 
 
 def _doc(i: int) -> str:
@@ -51,7 +51,7 @@ def test_every_region_sends_a_new_long_prompt_to_the_same_home():
 def test_the_home_forward_is_priced_as_a_hit_and_needs_no_margin():
     text = next(_doc(i) for i in range(50) if _where("us", _doc(i), i) == "eu")
     margin = 60.0  # far more than the prefill the home's (virtual) hit saves
-    r = _router("us", cost=dict(GEOPREFIX_COST, forward_margin_s=margin))
+    r = _router("us", cost=GEOPREFIX_COST.model_copy(update={"forward_margin_s": margin}))
     d = r.decide(rq(0, text), 1.0)
     assert d.kind == "forward" and d.target == "eu" and d.reason == "cost_before_saturation"
     costs = r.selector.last_costs
@@ -72,9 +72,9 @@ def test_short_prompts_known_prefixes_and_other_systems_have_no_home():
     d = r.decide(rq(99, text + " later question"), 1.0)
     assert d.kind == "local" and d.target == "us-0" and r.selector.last_home is None
     # GORGO's selector has no home rule
-    assert _where("us", text, cost=dict(GORGO_COST, forward_before_saturation=True)) == "us"
+    assert _where("us", text, cost=GORGO_COST.model_copy(update={"forward_before_saturation": True})) == "us"
     # nor does GeoPrefix with the rule off
-    assert _where("us", text, cost=dict(GEOPREFIX_COST, home_key_chars=None)) == "us"
+    assert _where("us", text, cost=GEOPREFIX_COST.model_copy(update={"home_key_chars": None})) == "us"
 
 
 @pytest.mark.parametrize("case", ["home unavailable", "home not allowed"])

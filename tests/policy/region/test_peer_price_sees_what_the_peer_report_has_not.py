@@ -10,7 +10,7 @@ from ray_geolb.policy.region import GEOPREFIX_COST
 
 
 def _us():
-    r = region(remote="cost", cost=dict(GEOPREFIX_COST, staleness_scale_s=None), tau=5)
+    r = region(remote="cost", cost=GEOPREFIX_COST.model_copy(update={"staleness_scale_s": None}), tau=5)
     fill(r)
     return r
 

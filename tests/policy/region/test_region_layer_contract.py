@@ -40,7 +40,7 @@ def test_the_ingress_view_is_a_local_layer_delegating_to_the_live_policy():
     from ray_geolb.serve.ingress import IngressConfig
     from ray_geolb.serve.ingress.local_view import LocalView as _LocalView
 
-    cfg = IngressConfig(region="us", registry=None, two_layer={"remote": "cost", "cost": dict(GEOPREFIX_COST)})
+    cfg = IngressConfig(region="us", registry=None, two_layer={"remote": "cost", "cost": GEOPREFIX_COST})
     geo = build_policy("geoprefix", targets=["r1"])
     view = _LocalView(cfg.local_availability,
                       lambda: type("R", (), {"policy": geo, "num_available": lambda self: 0,
