@@ -42,6 +42,7 @@ import time
 from collections import Counter
 from types import SimpleNamespace
 
+import bench_state  # benchmarks/ is sys.path[0] when this runs
 import ray
 from ray import serve
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
@@ -64,10 +65,10 @@ def _timed(base, label):
             finally:
                 dt, dc = time.perf_counter() - t0, time.thread_time() - c0
                 if pending_request is not None:
-                    import ray_geolb.serve as s
+                    import bench_state
 
-                    d = s.PROCESS_STATE.setdefault(("bench", label), {})
-                    c = s.PROCESS_STATE.setdefault(("bench-cpu", label), {})
+                    d = bench_state.TIMES.setdefault(("bench", label), {})
+                    c = bench_state.TIMES.setdefault(("bench-cpu", label), {})
                     k = pending_request.metadata.internal_request_id
                     d[k] = d.get(k, 0.0) + dt
                     c[k] = c.get(k, 0.0) + dc
@@ -78,10 +79,10 @@ def _timed(base, label):
                 return base.on_request_routed(self, pending_request, replica_id, result)
             finally:
                 dt, dc = time.perf_counter() - t0, time.thread_time() - c0
-                import ray_geolb.serve as s
+                import bench_state
 
-                d = s.PROCESS_STATE.setdefault(("bench", label), {})
-                c = s.PROCESS_STATE.setdefault(("bench-cpu", label), {})
+                d = bench_state.TIMES.setdefault(("bench", label), {})
+                c = bench_state.TIMES.setdefault(("bench-cpu", label), {})
                 k = pending_request.metadata.internal_request_id
                 d[k] = d.get(k, 0.0) + dt
                 c[k] = c.get(k, 0.0) + dc
@@ -180,11 +181,11 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     h = serve.run(dep.bind(), name=app, route_prefix=None)
     asyncio.run(drive(h, warm, args.concurrency))  # warm-up: creates the router, first stats
     time.sleep(1.5)
-    geo_serve.PROCESS_STATE[("bench", key)] = {}
-    geo_serve.PROCESS_STATE[("bench-cpu", key)] = {}
+    bench_state.TIMES[("bench", key)] = {}
+    bench_state.TIMES[("bench-cpu", key)] = {}
     replicas, wall = asyncio.run(drive(h, reqs, args.concurrency))
-    times_ms = [v * 1e3 for v in geo_serve.PROCESS_STATE[("bench", key)].values()]
-    cpu_ms = [v * 1e3 for v in geo_serve.PROCESS_STATE[("bench-cpu", key)].values()]
+    times_ms = [v * 1e3 for v in bench_state.TIMES[("bench", key)].values()]
+    cpu_ms = [v * 1e3 for v in bench_state.TIMES[("bench-cpu", key)].values()]
     first = {}
     sent = set()  # (group, replica) pairs seen so far, in send order
     hits = later = warm_hits = 0

@@ -24,8 +24,6 @@ _LOCK = threading.Lock()
 _ROUTERS: dict = {}
 #: bumped at every registration: a cached router lookup is current while this is unchanged
 GENERATION = 0
-# In-process scratch space shared by code that is pickled by value (e.g. benchmark timing hooks).
-PROCESS_STATE: dict = {}
 
 
 def register_router(key: Tuple[str, str], router: Any) -> None:
