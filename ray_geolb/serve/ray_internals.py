@@ -33,6 +33,7 @@ from typing import List, Optional, Tuple
 
 from ray.serve.request_router import PendingRequest, RequestRouter
 
+from ray_geolb.aio import wait_or_timeout
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.errors import RouterQueueFull, RouterWaitTimeout
 
@@ -142,12 +143,6 @@ class RayRouterBase(RequestRouter):
             await asyncio.sleep(delay)
             return
         if not ev.is_set():
-            # a timer sets the event rather than asyncio.wait_for(ev.wait(), delay): on Python 3.11,
-            # wait_for drops the task's cancellation when the event is set in the same loop turn,
-            # and a cancelled routing task must stop (the caller is gone)
-            timer = asyncio.get_running_loop().call_later(delay, ev.set)
-            try:
-                await ev.wait()
-            finally:
-                timer.cancel()
+            # cancellable: a cancelled routing task must stop (the caller is gone)
+            await wait_or_timeout(ev, delay)
         ev.clear()
