@@ -9,35 +9,20 @@ hooks called in that order; the Serve test is in ``test_geoprefix_router_in_serv
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
-from ray.serve._private.common import RequestMetadata
-from ray.serve._private.request_router.common import PendingRequest
+from fakes import fake_replica, offline_router, pending_request
 
 import ray_geolb.serve.request_book as request_book
-from ray_geolb.serve.router import GeoPrefixRouter
-
-
-class _Router(GeoPrefixRouter):
-    def __init__(self):  # no Ray: initialize_state only
-        self._deployment_id = None
-
-
-def _rep(uid):
-    stats = {"num_waiting": 0, "num_running": 0, "max_num_seqs": 1, "timestamp": 1e12}
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid), replica_metadata={}, routing_stats=stats)
 
 
 def _pr(i):
-    return PendingRequest(args=[{"messages": [{"role": "user", "content": f"question {i} " * 40}]}], kwargs={},
-                          metadata=RequestMetadata(request_id=f"s{i}", internal_request_id=f"i{i}"))
+    return pending_request({"messages": [{"role": "user", "content": f"question {i} " * 40}]}, f"s{i}", f"i{i}")
 
 
 def _router():
-    r = _Router()
-    r.initialize_state(region="us")
+    r = offline_router(region="us")
     r.metrics._export = False
-    reps = [_rep("a")]
+    reps = [fake_replica("a", {"num_waiting": 0, "num_running": 0, "max_num_seqs": 1, "timestamp": 1e12})]
     r._sync(reps)
     return r, reps
 

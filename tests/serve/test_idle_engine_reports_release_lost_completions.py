@@ -3,6 +3,8 @@ that Ray never completed are released when their replica reports an idle engine.
 
 from __future__ import annotations
 
+from fakes import fake_replica, offline_router
+
 from ray_geolb.policy import RouteRequest, build_policy
 from ray_geolb.serve.replica_set import ReplicaSet
 from ray_geolb.serve.request_book import RequestBook
@@ -29,32 +31,19 @@ def test_only_new_idle_reports_of_replicas_with_a_load_signal_are_passed_on():
     rs = ReplicaSet(policy, None, {"bad_stats": 0, "ttft_samples": 0}, lambda m: None,
                     on_idle=lambda uid, at: idle.append((uid, at)))
 
-    class _Rep:
-        def __init__(self, uid, stats):
-            self.replica_id = type("Id", (), {"unique_id": uid})()
-            self.replica_metadata = {}
-            self.routing_stats = stats
-
-    rs.sync([_Rep("a", {"num_waiting": 0, "num_running": 0, "timestamp": 100.0}),
-             _Rep("b", {"num_waiting": 0, "num_running": 2, "timestamp": 100.0}),
-             _Rep("c", {"kv_events": True, "timestamp": 100.0})])  # no load field: never "idle"
+    rs.sync([fake_replica("a", {"num_waiting": 0, "num_running": 0, "timestamp": 100.0}),
+             fake_replica("b", {"num_waiting": 0, "num_running": 2, "timestamp": 100.0}),
+             fake_replica("c", {"kv_events": True, "timestamp": 100.0})])  # no load field: never "idle"
     assert idle == [("a", 100.0)]
-    rs.sync([_Rep("a", {"num_waiting": 0, "num_running": 0, "timestamp": 100.0})])  # the same report again
+    rs.sync([fake_replica("a", {"num_waiting": 0, "num_running": 0, "timestamp": 100.0})])  # the same report again
     assert idle == [("a", 100.0)]
 
 
 def test_the_router_checks_reconcile_after_s():
     import pytest
 
-    from ray_geolb.serve.router import GeoPrefixRouter
-
-    class _Router(GeoPrefixRouter):
-        def __init__(self):  # no Ray: initialize_state only
-            self._deployment_id = None
-
     for bad in (0, -1, True, "2"):
         with pytest.raises(ValueError, match="reconcile_after_s"):
-            _Router().initialize_state(reconcile_after_s=bad)
-    r = _Router()
-    r.initialize_state(reconcile_after_s=None)  # off: no idle callback
+            offline_router(reconcile_after_s=bad)
+    r = offline_router(reconcile_after_s=None)  # off: no idle callback
     assert r.replicas.on_idle is None and r.counters["reconciled"] == 0

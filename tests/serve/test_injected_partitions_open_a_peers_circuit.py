@@ -9,6 +9,7 @@ import json
 import time
 
 import pytest
+from fakes import fake_router_view
 
 from ray_geolb.policy.region import PeerState
 from ray_geolb.serve.clock import policy_now
@@ -34,22 +35,17 @@ def test_faults_drop_and_delay_crossings_towards_a_region_and_heal():
             inj.set_faults(bad)
 
 
-class _Busy:
+def _busy():
     """A local router view with no free slot (so the region layer forwards)."""
+    from ray_geolb.policy import ReplicaStats, build_policy
 
-    def __init__(self):
-        from ray_geolb.policy import ReplicaStats, build_policy
-
-        self.policy = build_policy("geoprefix", targets=["r1"])
-        self.policy.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
-
-    num_available = free_slots = queue_len = staticmethod(lambda: 0)
-    queued_tokens = staticmethod(lambda: 0.0)
-    decision = staticmethod(lambda rid: None)
+    policy = build_policy("geoprefix", targets=["r1"])
+    policy.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
+    return fake_router_view(policy)
 
 
 def test_a_partitioned_peer_stays_out_past_its_heartbeats_until_a_probe_reaches_it():
-    busy = _Busy()
+    busy = _busy()
     cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
                         two_layer={"remote": "nearest"}, latency={"scale": 0.0})
     ing = RequestPath(cfg.model_dump(), geo_router=lambda: busy)
@@ -109,7 +105,7 @@ def test_the_retry_budget_is_earned_by_requests_and_time_and_refuses_when_spent(
 
 
 def test_a_spent_retry_budget_answers_503_instead_of_retrying():
-    busy = _Busy()
+    busy = _busy()
     cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
                         two_layer={"remote": "nearest"}, latency={"scale": 0.0}, retry_budget_ratio=0.0,
                         retry_budget_min_per_s=0.0)

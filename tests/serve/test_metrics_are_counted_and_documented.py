@@ -6,24 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 
 import pytest
-from ray.serve._private.common import RequestMetadata
-from ray.serve._private.request_router.common import PendingRequest
+from fakes import fake_replica, offline_router, pending_request
 
 from ray_geolb.serve.metrics import METRICS, MetricSink
-from ray_geolb.serve.router import GeoPrefixRouter
 from repo import REPO
-
-
-class _Router(GeoPrefixRouter):
-    def __init__(self):  # no Ray: initialize_state only
-        self._deployment_id = None
-
-
-def _rep(uid, stats):
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid), replica_metadata={}, routing_stats=stats)
 
 
 def test_sink_counts_observes_and_keeps_totals_across_flushes():
@@ -41,15 +29,13 @@ def test_sink_counts_observes_and_keeps_totals_across_flushes():
 
 
 def test_the_router_counts_its_decisions_and_holds():
-    r = _Router()
-    r.initialize_state(region="us")
-    reps = [_rep("a", {"num_waiting": 0, "num_running": 0, "max_num_seqs": 1, "timestamp": 1e12})]
+    r = offline_router(region="us")
+    reps = [fake_replica("a", {"num_waiting": 0, "num_running": 0, "max_num_seqs": 1, "timestamp": 1e12})]
     r._sync(reps)
     r.metrics._export = False
 
     async def route():  # on an event loop, as in Ray's router thread
-        prs = [PendingRequest(args=[{"messages": [{"role": "user", "content": f"q{i} " * 40}]}], kwargs={},
-                              metadata=RequestMetadata(request_id=f"s{i}", internal_request_id=f"i{i}"))
+        prs = [pending_request({"messages": [{"role": "user", "content": f"q{i} " * 40}]}, f"s{i}", f"i{i}")
                for i in range(2)]
         return r._choose(reps, prs[0]), r._choose(reps, prs[1])
 

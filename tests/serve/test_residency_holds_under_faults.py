@@ -6,8 +6,7 @@ region it may not go to. Random fault sequences and request sets (hypothesis), a
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
+from fakes import fake_router_view
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -39,8 +38,7 @@ request = st.fixed_dictionaries({
 def test_no_decision_ever_leaves_the_allowed_regions(steps, remote):
     geo = build_policy("geoprefix", targets=["r1", "r2"])
     state = {"slots": 1, "raise": False}
-    fake = SimpleNamespace(policy=geo, num_available=lambda: state["slots"], free_slots=lambda: state["slots"],
-                           queue_len=lambda: 0, queued_tokens=lambda: 0.0, decision=lambda rid: None)
+    fake = fake_router_view(geo, slots=lambda: state["slots"])
     cfg = IngressConfig(region="us", registry=None, peers={"eu": "geolb-eu", "asia": "geolb-asia"},
                         two_layer={"remote": remote, "tenant_regions": {"acme": ["eu", "asia"], "globex": ["us"]}})
     ing = RequestPath(cfg.model_dump(), geo_router=lambda: fake)

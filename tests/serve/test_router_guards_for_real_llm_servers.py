@@ -11,30 +11,14 @@
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
 
 import pytest
+from fakes import fake_replica, offline_router
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.serve.direct_streaming import DIRECT_STREAMING_ENV, DirectStreamingUnsupported
-from ray_geolb.serve.router import GeoPrefixRouter
 
 REPLICAS = [f"r{i}" for i in range(5)]
-
-
-class _Router(GeoPrefixRouter):
-    def __init__(self):  # no Ray: initialize_state only
-        self._deployment_id = None
-
-
-def _router(**kw) -> GeoPrefixRouter:
-    r = _Router()
-    r.initialize_state(**kw)
-    return r
-
-
-def _rep(uid, stats):
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid), replica_metadata={}, routing_stats=stats)
 
 
 # ---------------------------------------------------------------------------------------------- headroom share
@@ -58,26 +42,26 @@ def test_n_routers_together_grant_exactly_the_reported_free_slots(n, free):
 
 
 def test_a_router_in_no_replica_takes_everything_and_bad_shares_are_named():
-    reps = [_rep("a", {"num_waiting": 0, "num_running": 0, "max_num_seqs": 4, "timestamp": 1.0})]
-    r = _router()
+    reps = [fake_replica("a", {"num_waiting": 0, "num_running": 0, "max_num_seqs": 4, "timestamp": 1.0})]
+    r = offline_router()
     r._sync(reps)
     assert r.policy.tracker.share == (0, 1)  # "auto" outside a Serve replica: the only router
     assert r.policy.tracker.available == {"a"}
-    fixed = _router(headroom_share=[1, 3])
+    fixed = offline_router(headroom_share=[1, 3])
     fixed._sync(reps)  # applied with the replica set
     assert fixed.policy.tracker.share == (1, 3)
     for bad in ([3, 3], [0], "half", [-1, 2]):
         with pytest.raises(ValueError, match="headroom_share"):
-            _router(headroom_share=bad)
+            offline_router(headroom_share=bad)
 
 
 # ---------------------------------------------------------------------------------------------- load signal
 def test_replicas_without_load_reports_are_named_once(caplog):
-    r = _router(load_signal_grace_s=0.5)
+    r = offline_router(load_signal_grace_s=0.5)
     blind = {"timestamp": 1.0}  # what a stock LLMServer's routing stats carry: no num_waiting / num_running
     loaded = {"num_waiting": 0, "num_running": 1, "max_num_seqs": 4, "timestamp": 1.0}
     with caplog.at_level(logging.WARNING, logger="ray.serve"):
-        r._sync([_rep("stock", blind), _rep("geo", loaded)])
+        r._sync([fake_replica("stock", blind), fake_replica("geo", loaded)])
         assert r.counters.get("no_load_signal", 0) == 0  # within the grace period: no verdict yet
         r._next_load_check = 0.0
         r._check_load_signal(r.replicas.first_seen["stock"] + 0.6)
@@ -88,16 +72,16 @@ def test_replicas_without_load_reports_are_named_once(caplog):
     assert len(warnings) == 1 and "'stock'" in warnings[0] and "'geo'" not in warnings[0]
     assert "GeoVLLMServer" in warnings[0]
     with pytest.raises(ValueError, match="load_signal_grace_s"):
-        _router(load_signal_grace_s=0)
+        offline_router(load_signal_grace_s=0)
 
 
 # ---------------------------------------------------------------------------------------------- direct streaming
 def test_router_refuses_direct_streaming(monkeypatch):
     monkeypatch.setenv(DIRECT_STREAMING_ENV, "1")
     with pytest.raises(DirectStreamingUnsupported, match=DIRECT_STREAMING_ENV):
-        _router()
+        offline_router()
     monkeypatch.setenv(DIRECT_STREAMING_ENV, "0")
-    assert _router().policy.name == "geoprefix"  # "0" means off
+    assert offline_router().policy.name == "geoprefix"  # "0" means off
 
 
 def test_region_builder_refuses_direct_streaming_in_this_process_or_the_replicas(monkeypatch):

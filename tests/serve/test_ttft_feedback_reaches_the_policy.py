@@ -5,9 +5,9 @@ samples, and the ingress's live local view under the region layer's cost selecto
 import asyncio
 import math
 import random
-from types import SimpleNamespace
 
 import pytest
+from fakes import fake_replica, fake_router_view, offline_router
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
@@ -76,46 +76,27 @@ def test_simulator_path_still_learns_from_on_complete():
 
 
 # ---------------------------------------------------------------------------------------------- router feed
-class _NoRayRouter:
-    @staticmethod
-    def make(**kw):
-        from ray_geolb.serve.router import GeoPrefixRouter
-
-        class _R(GeoPrefixRouter):
-            def __init__(self):  # no Ray: initialize_state only
-                self._deployment_id = None
-
-        r = _R()
-        r.initialize_state(**kw)
-        return r
-
-
-def _rep(uid, stats, region=None):
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid), replica_metadata={"region": region},
-                           routing_stats=stats)
-
-
 def test_router_feeds_reported_samples_once_per_report():
     from ray_geolb.serve.router import DEFAULT_POLICY
 
-    r = _NoRayRouter.make(policy=TTFT_FITTED)
+    r = offline_router(policy=TTFT_FITTED)
     assert r.policy.name == DEFAULT_POLICY == "geoprefix"
     base = {"num_waiting": 0, "num_running": 0, "max_num_seqs": 8}
     s1 = {**base, "timestamp": 1.0, "ttft_samples": [[100 * k, 0.02 + 2e-4 * 100 * k] for k in range(1, 11)]}
-    reps = [_rep("a", s1), _rep("b", {**base, "timestamp": 1.0})]
+    reps = [fake_replica("a", s1), fake_replica("b", {**base, "timestamp": 1.0})]
     r._sync(reps)
     assert r.counters["ttft_samples"] == 10 and r.policy.ttft.samples("a") == 10
     r._sync(reps)  # the same report broadcast again (same timestamp): not fed twice
-    r._sync([_rep("a", dict(s1)), reps[1]])  # an equal copy (same timestamp) neither
+    r._sync([fake_replica("a", dict(s1)), reps[1]])  # an equal copy (same timestamp) neither
     assert r.policy.ttft.samples(POOLED) == 10
     assert r.policy.pooled_t_p() == pytest.approx(2e-4, rel=1e-6)
     # a bad report is rejected whole (counted as bad_stats) and routing state is untouched
-    r._sync([_rep("a", {**base, "timestamp": 2.0, "ttft_samples": [[1, -5]]}), reps[1]])
+    r._sync([fake_replica("a", {**base, "timestamp": 2.0, "ttft_samples": [[1, -5]]}), reps[1]])
     assert r.counters["bad_stats"] == 1 and r.policy.ttft.samples(POOLED) == 10
     assert r.policy.tracker.stats("a").timestamp == 1.0
     # a replica of another region: its samples are not this router's
-    r2 = _NoRayRouter.make(region="us", policy=TTFT_FITTED)
-    r2._sync([_rep("x", s1, region="eu"), _rep("y", {**base, "timestamp": 1.0}, region="us")])
+    r2 = offline_router(region="us", policy=TTFT_FITTED)
+    r2._sync([fake_replica("x", s1, region="eu"), fake_replica("y", {**base, "timestamp": 1.0}, region="us")])
     assert r2.policy.ttft.samples(POOLED) == 0 and r2.local_replica_ids() == ["y"]
 
 
@@ -124,7 +105,7 @@ def test_default_router_fits_t_p_on_the_engines_step_work():
     router hands the reports to the policy, which fits busy time on the work between two reports."""
     from ray_geolb.serve.router import DEFAULT_POLICY
 
-    r = _NoRayRouter.make()
+    r = offline_router()
     assert r.policy.name == DEFAULT_POLICY and r.policy.ttft.config.source == "engine_steps"
     base_s, tp, dec = 0.02, 1.5e-4, 4e-3  # per step, per prefill token, per decode token
     work = {"a": [0.0, 0.0, 0.0, 0.0], "b": [0.0, 0.0, 0.0, 0.0]}
@@ -138,7 +119,7 @@ def test_default_router_fits_t_p_on_the_engines_step_work():
             w[1] += pre
             w[2] += de
             w[3] += base_s * steps + tp * pre + dec * de
-            reps.append(_rep(uid, {"num_waiting": 0, "num_running": 1, "max_num_seqs": 8, "timestamp": float(k),
+            reps.append(fake_replica(uid, {"num_waiting": 0, "num_running": 1, "max_num_seqs": 8, "timestamp": float(k),
                                    "engine_work": dict(zip(("steps", "prefill_tokens", "decode_tokens", "busy_s"),
                                                            w))}))
         r._sync(reps)
@@ -147,7 +128,7 @@ def test_default_router_fits_t_p_on_the_engines_step_work():
 
 
 def test_router_queued_tokens_view():
-    r = _NoRayRouter.make()
+    r = offline_router()
     assert r.queued_tokens() == 0.0
     from ray_geolb.serve.request_book import Entry
 
@@ -201,9 +182,7 @@ def _fake_ingress(policy, available=0, router_queue=0, router_tokens=0.0, remote
 
     cfg = IngressConfig(region="us", peers={"eu": "geolb-eu", "asia": "geolb-asia"}, registry=None,
                         two_layer={"remote": remote, "cost": GEOPREFIX_COST})
-    fake = SimpleNamespace(policy=policy, num_available=lambda: available, free_slots=lambda: available,
-                           queue_len=lambda: router_queue,
-                           queued_tokens=lambda: router_tokens, decision=lambda rid: None)
+    fake = fake_router_view(policy, slots=available, queue=router_queue, tokens=router_tokens)
     return RequestPath(cfg, geo_router=lambda: fake)  # not started: no registry link, no RTT probes
 
 

@@ -1,0 +1,50 @@
+"""Stand-ins the serve tests share for what Ray would give them without a cluster: a real GeoPrefixRouter
+built without Ray, Ray's replicas and pending requests, and the router view the region ingress reads.
+
+Imported by plain name (``from fakes import ...``): pytest puts this folder on ``sys.path``. Importing it
+imports nothing heavy; each helper imports Ray Serve when it is called. The module-scoped cluster
+fixture is in ``conftest.py`` next to this file."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable, Optional, Union
+
+
+def offline_router(**kwargs):
+    """A real GeoPrefixRouter without Ray: Ray's ``RequestRouter.__init__`` is skipped (no deployment,
+    no replica set of Ray's), only ``initialize_state(**kwargs)`` runs, with the ``request_router_kwargs``
+    Serve would pass; it raises what ``initialize_state`` raises."""
+    from ray_geolb.serve.router import GeoPrefixRouter
+
+    r = GeoPrefixRouter.__new__(GeoPrefixRouter)
+    r._deployment_id = None
+    r.initialize_state(**kwargs)
+    return r
+
+
+def fake_replica(uid: str, stats: Optional[dict], region: Optional[str] = None):
+    """Ray's ``RunningReplica`` as the router reads it: ``replica_id.unique_id``, ``replica_metadata``
+    (``{"region": region}``, or ``{}`` without a region) and ``routing_stats`` (the replica's last report)."""
+    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid),
+                           replica_metadata={} if region is None else {"region": region}, routing_stats=stats)
+
+
+def pending_request(body: Any, serve_id: str, internal_id: str):
+    """Ray's own ``PendingRequest`` for one call with ``body`` as its argument (``request_id`` =
+    ``serve_id``, ``internal_request_id`` = ``internal_id``). Its future needs an event loop: build it
+    on one."""
+    from ray.serve._private.common import RequestMetadata
+    from ray.serve._private.request_router.common import PendingRequest
+
+    return PendingRequest(args=[body], kwargs={},
+                          metadata=RequestMetadata(request_id=serve_id, internal_request_id=internal_id))
+
+
+def fake_router_view(policy, slots: Union[int, Callable[[], int]] = 0, queue: int = 0, tokens: float = 0.0):
+    """What the region ingress (``RequestPath(cfg, geo_router=lambda: view)``) reads from its region's
+    GeoPrefixRouter: the live ``policy``, free ``slots`` (``num_available`` and ``free_slots``; a callable
+    is asked at each read), the router's ``queue`` length and queued ``tokens``, and no decisions."""
+    free = slots if callable(slots) else (lambda: slots)
+    return SimpleNamespace(policy=policy, num_available=free, free_slots=free, queue_len=lambda: queue,
+                           queued_tokens=lambda: tokens, decision=lambda rid: None)
