@@ -115,3 +115,8 @@ def new_request_id() -> str:
     except Exception:  # pragma: no cover
         pass
     return uuid.uuid4().hex
+
+
+def wait_bound(seconds: float) -> Optional[float]:
+    """An ``asyncio.wait_for`` timeout for ``seconds`` left: None for no bound (inf), else at least 0."""
+    return None if math.isinf(seconds) else max(0.0, seconds)

@@ -24,8 +24,9 @@ from .config import INGRESS_DEPLOYMENT
 from .context import new_request_id
 from .errors import HEADER_PREFIX, GeoHTTPError
 from .model_client import ModelClient
-from .openai import client_headers, completion_response, forbidden, is_admin, parse_request, read_body
+from .openai import client_headers, forbidden, is_admin, parse_request, read_body
 from .request_path import RequestPath
+from .responses import completion_response
 
 __all__ = ["RegionIngress", "app"]
 

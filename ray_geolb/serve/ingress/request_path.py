@@ -9,12 +9,15 @@ For each request (a :class:`~.context.RequestContext`):
    (regional snapshot: longest prefix already forwarded there, ties by measured RTT; or the 'cost'
    selector), else *hold*.
 2. **Hold** in the :class:`~.admission.AdmissionQueue` (FCFS, bounded, time-limited).
-3. **Run locally** on the model deployment, or **forward** (at most one hop): a forwarded request
-   arrives at the peer's ``forwarded`` / ``forwarded_stream`` with ``hops=1`` and is never forwarded
-   again -- if the peer is full it waits in the peer's queue. The forward is recorded in this
-   region's snapshot (mirrored to the registry by the :class:`~.peers.PeerMesh`). Inter-region
-   latency is injected around the hop (``latency.py``). An unreachable peer is marked so
+3. **Run locally** on the model deployment (``local_call.py``: :class:`~.local_call.LocalCalls`, with
+   its one retry before the first token), or **forward** (``forward.py``:
+   :class:`~.forward.Forwarding`, at most one hop): a forwarded request arrives at the peer's
+   ``forwarded`` / ``forwarded_stream`` with ``hops=1`` and is never forwarded again -- if the peer is
+   full it waits in the peer's queue. An unreachable peer is marked so
    (``RegionRouter.mark_unreachable``) and the request decided again.
+
+Counters, metrics, the typed errors they count and the state payload are in ``telemetry.py``
+(:class:`~.telemetry.IngressTelemetry`).
 
 Capacity is owned, not caught: the local slot a request takes is a :class:`~.local_view.LocalSlot`
 and a streamed response is a :class:`~.streams.TokenStream` closed in the ``finally`` of whatever
@@ -27,29 +30,29 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import uuid
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Hashable, Optional, Tuple, Union
 
 from ray import serve
-from ray.exceptions import RayActorError
 
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.canonical import canonical_text
 from ray_geolb.policy.region import CostSelector, RegionDecision, RegionRouter
 from ray_geolb.serve.clock import policy_now
-from ray_geolb.serve.metrics import FLUSH_S, MetricSink
 
 from .admission import AdmissionQueue
 from .config import IngressConfig
 from .context import RequestContext
-from .errors import ForwardFailed, GeoHTTPError, as_http_error
+from .errors import ForwardFailed, GeoHTTPError
+from .forward import Forwarding
+from .local_call import LocalCalls
 from .local_view import LocalView, geo_router_of
-from .model_client import ModelClient, error_in
+from .model_client import ModelClient
 from .openai import PromptBody
 from .peers import PeerMesh
 from .retry_budget import RetryBudget
-from .streams import NO_TOKEN, TokenStream, aclose_quietly, cancel_quietly
+from .streams import TokenStream
+from .telemetry import COUNTERS, IngressTelemetry
 
 logger = logging.getLogger("ray.serve")
 
@@ -57,18 +60,6 @@ __all__ = ["COUNTERS", "RequestPath"]
 
 _now = policy_now  # the router's clock (serve/clock.py): ages in its tree and peers' states
 
-#: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
-#: wait_timeout are the admission queue's)
-COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
-            "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded", "retries_refused",
-            "local_retries", "stream_errors")
-#: attempts of a local call whose replica died before anything reached the client (a retry goes to
-#: whichever replica the router picks; it spends the retry budget and the request's deadline)
-LOCAL_ATTEMPTS = 2
-#: reasons the ingress's counters are pre-registered with (exported at 0 before they first fire)
-REJECTION_REASONS = ("bad_request", "too_many_requests", "queue_full", "wait_timeout", "deadline_exceeded",
-                     "stream_timeout", "region_not_allowed", "forward_failed", "server_error")
-ERROR_REASONS = ("server_error", "stream_failed")
 #: forward attempts per request (each failed one excludes its peer until that peer's next heartbeat)
 FORWARD_ATTEMPTS = 3
 #: ids of the requests this ingress replica started serving locally, most recent last (chaos checks:
@@ -84,7 +75,7 @@ def _replica_source(region: str) -> str:
         return f"{region}/{uuid.uuid4().hex[:8]}"
 
 
-class RequestPath:
+class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
     """One region's ingress without HTTP (see the module docstring). Owns the RegionRouter, the
     decision counters and the three parts it drives: the local view, the admission queue and the
     peer mesh. ``model`` is the model deployment's handle; ``geo_router`` (default: that deployment's
@@ -103,15 +94,7 @@ class RequestPath:
         self.admission = AdmissionQueue(cfg, self.decide, clock=_now)
         self.peers = PeerMesh(cfg, source or _replica_source(self.region), self.router, self.local_report,
                               self.admission.kick_all, clock=_now)
-        self.counts = {k: 0 for k in COUNTERS if k not in self.admission.counts}
-        #: Prometheus metrics (serve/metrics.py), exported once a second by :meth:`start`'s task
-        self.metrics = MetricSink({"region": self.region})
-        for reason in REJECTION_REASONS:
-            self.metrics.preregister("geolb_ingress_rejections_total", reason)
-        for reason in ERROR_REASONS:
-            self.metrics.preregister("geolb_ingress_requests_total", "error", reason)
-        for peer in cfg.peers:
-            self.metrics.preregister("geolb_forwards_total", self.region, peer)
+        self._init_telemetry()
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
         self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
         #: retries of forwards that could not reach their peer (retry_budget.py)
@@ -120,58 +103,6 @@ class RequestPath:
     def start(self) -> None:
         self.peers.start()
         self._metrics_task = asyncio.get_running_loop().create_task(self._metrics_loop())
-
-    async def _metrics_loop(self) -> None:
-        """Once a second: the gauges from the live state, and the counts exported (serve/metrics.py)."""
-        while True:
-            await asyncio.sleep(FLUSH_S)
-            try:
-                self.update_gauges()
-                self.metrics.flush()
-            except Exception as e:  # noqa: BLE001 - metrics never stop the ingress
-                logger.debug("region %s: metrics: %r", self.region, e)
-
-    def update_gauges(self) -> None:
-        m, now = self.metrics, _now()
-        m.gauge("geolb_ingress_queue", len(self.admission))
-        for peer, ps in self.router.peers.items():
-            m.gauge("geolb_peer_available_replicas", ps.available_replicas, peer)
-            if math.isfinite(ps.timestamp):
-                m.gauge("geolb_peer_age_seconds", max(0.0, now - ps.timestamp), peer)
-        for peer, rtt in self.router.measured_rtts().items():
-            m.gauge("geolb_peer_rtt_seconds", rtt, peer)
-        reg = self.peers.registry
-        if reg is not None and reg.last_ok is not None:
-            m.gauge("geolb_registry_heartbeat_age_seconds", max(0.0, now - reg.last_ok))
-
-    def note_outcome(self, route: str, reason: str) -> None:
-        """One request's layer-1 outcome, for the metrics (``geolb_ingress_requests_total``)."""
-        self.metrics.count("geolb_ingress_requests_total", route, reason or "")
-
-    def note_rejection(self, err: GeoHTTPError) -> None:
-        """A request answered with an error status (``geolb_ingress_rejections_total`` by its type)."""
-        if err.status in (400, 404, 413):
-            reason = "bad_request"
-        else:
-            reason = err.type or str(err.status)
-        self.metrics.count("geolb_ingress_rejections_total", reason)
-
-    def note_error(self, reason: str) -> None:
-        """A request that failed after it was routed: answered with a 500 (``server_error``) or, after
-        its response had started, ended by an error event (``stream_failed``). Counted as
-        ``geolb_ingress_requests_total{route="error"}`` (besides the route it was given)."""
-        if reason == "stream_failed":
-            self.counts["stream_errors"] += 1
-        self.metrics.count("geolb_ingress_requests_total", "error", reason)
-
-    @property
-    def counters(self) -> dict:
-        """Every counter of this ingress (a copy; the admission queue keeps its own)."""
-        both = {**self.counts, **self.admission.counts}
-        return {k: both[k] for k in COUNTERS}
-
-    def note_bad_request(self) -> None:
-        self.counts["bad_requests"] += 1
 
     # ------------------------------------------------------------ the region layer
     def decide(self, rreq: RouteRequest, waiting: Optional[Hashable] = None) -> RegionDecision:
@@ -263,7 +194,7 @@ class RequestPath:
         return 0.0 if not rate else (max(0, ahead) + 1) / rate
 
     # ------------------------------------------------------------ requests
-    async def process(self, ctx: RequestContext):
+    async def process(self, ctx: RequestContext) -> Tuple[dict, Union[dict, TokenStream]]:
         """Route and run one request. Returns ``(meta, result_dict)`` or ``(meta, TokenStream)``."""
         self.counts["requests"] += 1
         self.retries.on_request()
@@ -343,274 +274,3 @@ class RequestPath:
             raise
         except Exception as e:  # noqa: BLE001 - typed for the origin; CancelledError passes
             raise self.server_error(e) from None
-
-    def server_error(self, e: Exception) -> GeoHTTPError:
-        """An unexpected failure while serving a request, as the typed 500 the client gets (the cause
-        is logged here, not sent: it may quote the prompt)."""
-        logger.warning("region %s: request failed: %s", self.region, type(e).__name__, exc_info=e)
-        self.note_error("server_error")
-        return GeoHTTPError(500, f"region {self.region} failed to serve the request ({type(e).__name__})",
-                            type_="server_error", region=self.region)
-
-    def _deadline_exceeded(self, ctx: RequestContext, where: str, per_try_s: float = math.inf) -> GeoHTTPError:
-        """The 504 of a request whose response had not started when its deadline (or a forward
-        attempt's ``forward_timeout_s``) passed; the work on it was cancelled."""
-        if per_try_s < math.inf and ctx.remaining_s() > 0:
-            why = f"region {where} did not answer within forward_timeout_s ({per_try_s:g} s)"
-        else:
-            why = f"the request's deadline passed while region {where} was serving it"
-        self.counts["deadline_exceeded"] += 1
-        return GeoHTTPError(504, f"{why} (request_timeout_s / x-geolb-timeout-s)", type_="deadline_exceeded",
-                            region=where)
-
-    def _model_error(self, e: Exception) -> Optional[GeoHTTPError]:
-        """The HTTP error a model call's failure maps to, or None (then it is counted in ``errors``)."""
-        err = as_http_error(e, self.region)
-        if err is None:
-            self.counts["errors"] += 1
-        return err
-
-    async def _run_local(self, ctx: RequestContext, d: RegionDecision, wait_ms: float,
-                         rreq: Optional[RouteRequest] = None):
-        """Run a request on this region's model deployment. The local slot each call takes (its minted
-        ``call_id`` in the view's ``unrouted`` set until the router places it, then :meth:`local_done`
-        when it leaves) is owned by a :class:`LocalSlot` and returned on every path, cancellation
-        included. ``rreq`` (the prompt canonicalised, maybe hashed, here) is handed over to the router
-        for the call, under the slot's ``call_id``.
-
-        A replica that dies before anything reached the client (a Ray actor error before the first
-        token, or before a non-streamed response) is retried once on whichever replica the router
-        picks (:data:`LOCAL_ATTEMPTS`), within the request's deadline and the retry budget; after the
-        first token a failure ends the stream with an error event instead (never retried: the
-        client has part of an answer)."""
-        attempt = 0
-        while True:
-            attempt += 1
-            slot = self.local.take_slot(ctx.request_id, self.local_done, rreq)
-            try:
-                if ctx.stream:
-                    return await self._run_local_stream(ctx, d, wait_ms, slot)
-                return await self._run_local_call(ctx, d, wait_ms, slot)
-            except GeoHTTPError:
-                raise
-            except Exception as e:
-                if (replica_died(e) and attempt < LOCAL_ATTEMPTS and ctx.remaining_s() > 0
-                        and self.retries.try_spend()):
-                    self.counts["local_retries"] += 1
-                    logger.info("region %s: the replica died before the first token (%s); retrying on "
-                                "another replica", self.region, type(_root(e)).__name__)
-                    continue
-                err = self._model_error(e)
-                if err is not None:
-                    raise err from None
-                raise
-
-    async def _run_local_call(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
-        try:
-            res = await asyncio.wait_for(self.llm.complete(ctx, slot.call_id), _bound(ctx.remaining_s()))
-        except asyncio.TimeoutError:  # the call is cancelled (complete() cancels its stream)
-            raise self._deadline_exceeded(ctx, self.region) from None
-        finally:
-            slot.release()
-        self.served_ids.append(ctx.request_id)
-        return self._local_meta(ctx, d, wait_ms, slot.call_id), res
-
-    async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
-        gen = None
-        try:
-            gen = self.llm.stream(ctx, slot.call_id)
-            left = ctx.remaining_s()
-            try:
-                first = await asyncio.wait_for(gen.__anext__(), _bound(min(self.cfg.first_token_timeout_s, left)))
-            except StopAsyncIteration:
-                first = NO_TOKEN
-            except asyncio.TimeoutError:
-                if left < self.cfg.first_token_timeout_s:
-                    raise self._deadline_exceeded(ctx, self.region) from None
-                raise GeoHTTPError(504, f"region {self.region}: no first token within "
-                                        f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
-                                   type_="stream_timeout", region=self.region) from None
-            err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
-            if err is not None:
-                raise err
-        except BaseException:  # CancelledError too: the client left before the first token
-            cancel_quietly(gen)
-            slot.release()
-            raise
-        slot.routed()
-        self.served_ids.append(ctx.request_id)
-        try:
-            meta = self._local_meta(ctx, d, wait_ms, slot.call_id)
-        except BaseException:
-            cancel_quietly(gen)
-            slot.release()
-            raise
-        return meta, TokenStream(gen, first, on_close=slot.release, idle_timeout_s=self.cfg.stream_idle_timeout_s,
-                                 where=f"region {self.region}")
-
-    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, call_id: str) -> dict:
-        info = self.local.decision(call_id)
-        meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
-                "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
-        if info:
-            meta["replica"] = info.get("replica")
-            meta["reason"] = info.get("reason") or d.reason
-            meta["matched_prefix"] = int(info.get("matched") or 0)
-            meta["queue_wait_ms"] = wait_ms + 1000.0 * float(info.get("queue_wait_s") or 0.0)
-        return meta
-
-    async def _forward(self, ctx: RequestContext, rreq: RouteRequest, d: RegionDecision, wait_ms: float):
-        """Send the request to peer ``d.target``'s ingress (one hop). Raises :class:`ForwardFailed` if the
-        peer cannot be reached, or the peer's :class:`GeoHTTPError`."""
-        peer = d.target
-        self.router.on_forward(rreq, peer, _now())
-        self.peers.snapshot_changed()
-        # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
-        # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
-        self.router.note_forward(peer)
-        self.counts["forwarded_out"] += 1
-        try:
-            h = self.peers.handle(peer)
-        except Exception as e:  # noqa: BLE001
-            raise ForwardFailed(str(e)) from None
-        latency = self.peers.latency
-        try:
-            await latency.hop(self.region, peer)
-        except ConnectionError as e:  # dropped on the way (an injected partition): nothing reached the peer
-            raise ForwardFailed(str(e)) from None
-        fmeta = ctx.wire(wait_ms, d)  # after the hop: the deadline it carries is the time left on arrival
-        if ctx.stream:
-            return await self._forward_stream(h, peer, ctx, fmeta, d)
-        resp = h.forwarded.remote(dict(ctx.body), fmeta)
-        try:
-            meta, res = await asyncio.wait_for(resp, _bound(min(self.cfg.forward_timeout_s, ctx.remaining_s())))
-        except asyncio.TimeoutError:
-            # reached and working on it, or silent: typed, never retried elsewhere (no double serving)
-            cancel_quietly(resp)
-            raise self._deadline_exceeded(ctx, peer, self.cfg.forward_timeout_s) from None
-        except Exception as e:
-            await latency.hop(peer, self.region)
-            err = as_http_error(e, peer)
-            if err is not None:
-                raise err from None
-            raise ForwardFailed(f"{type(e).__name__}: {e}") from None
-        await latency.hop(peer, self.region)
-        return _forward_meta(meta, d), res
-
-    async def _forward_stream(self, h, peer: str, ctx: RequestContext, fmeta: dict, d: RegionDecision):
-        gen = h.options(stream=True).forwarded_stream.remote(dict(ctx.body), fmeta)
-        relay = self.peers.latency.relay(gen, peer, self.region)
-        left = ctx.remaining_s()
-        try:
-            meta = await asyncio.wait_for(relay.__anext__(), _bound(min(self.cfg.first_token_timeout_s, left)))
-        except BaseException as e:  # CancelledError too: the peer must stop working on it
-            await aclose_quietly(relay)
-            cancel_quietly(gen)
-            if not isinstance(e, Exception):
-                raise
-            if isinstance(e, asyncio.TimeoutError) and left < self.cfg.first_token_timeout_s:
-                raise self._deadline_exceeded(ctx, peer) from None
-            if isinstance(e, asyncio.TimeoutError):  # reached but silent: typed, not "unreachable"
-                raise GeoHTTPError(504, f"region {peer} did not start the stream within "
-                                        f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
-                                   type_="stream_timeout", region=peer) from None
-            err = as_http_error(e, peer)
-            if err is not None:
-                raise err from None
-            raise ForwardFailed(f"{type(e).__name__}: {e}") from None
-
-        async def close():
-            cancel_quietly(gen)
-            await aclose_quietly(relay)
-
-        idle = self.cfg.stream_idle_timeout_s
-        return _forward_meta(meta, d), TokenStream(relay, NO_TOKEN, on_close=close, idle_timeout_s=idle,
-                                                   where=f"region {peer}")
-
-    # ------------------------------------------------------------ inspection
-    def accounting(self) -> dict:
-        """What requests hold at this LB right now, ingress and router (leak checks; a handle call,
-        not HTTP). Idle: every count 0 (see :meth:`GeoPrefixRouter.accounting`)."""
-        out = {"ingress_queue": len(self.admission), "ingress_queue_tokens": self.admission.tokens}
-        out.update(self.local.accounting())
-        return out
-
-    def available_peers(self) -> list:
-        """Peer regions a request could be forwarded to now, sorted."""
-        return sorted(self.router.available_peers(_now()))
-
-    def state(self) -> dict:
-        """The ``/v1/geolb/state`` payload (operators only): the peer table, the region layer's last
-        comparison, queues, counters and the configuration (never the admin token)."""
-        now = _now()
-        router, sel = self.router, self.router.selector
-        costs = None
-        if sel is not None:
-            costs = {("stay" if k is None else k): (v if math.isfinite(v) else None) for k, v in sel.last_costs.items()}
-        used_rtt = getattr(sel, "last_rtts", None)
-        return {
-            "region": self.region,
-            "source": self.peers.source,
-            "local_available": self.local.local_available(),
-            "router_present": self.local.router_present(),
-            "queue_len": len(self.admission),
-            "lb_queue_len": self.lb_queue_len(),
-            "available_peers": self.available_peers(),
-            "peers": {r: _peer_state(ps, now) for r, ps in router.peers.items()},
-            "measured_rtt_ms": {p: round(v * 1000, 2) for p, v in router.measured_rtts().items()},
-            "remote": router.config.remote,
-            "lb_queued_tokens": self.lb_queued_tokens(),
-            "heartbeat_extra": self.heartbeat_extra(),
-            "last_costs_s": costs,  # the 'cost' selector's last comparison (stay = hold here)
-            "last_cost_rtts_ms": None if used_rtt is None else {p: round(v * 1000, 2) for p, v in used_rtt.items()},
-            "last_slot_wait_s": getattr(sel, "last_slot_wait_s", None),  # the stay cost's slot wait (before q̂)
-            "snapshot_nodes": router.snapshot.num_nodes,
-            "snapshot_loaded_from_registry": self.peers.snapshot_loaded,
-            "registry": self.peers.status(),
-            "open_circuits": sorted(p for p in self.cfg.peers if self.peers.circuit_open(p)),
-            "injected_faults": self.peers.latency.faults,
-            "counters": self.counters,
-            "router": self.local.router_report(),  # the model deployment's router here: policy, counters
-            "decisions": dict(self.decisions),
-            "config": self.cfg.model_dump(exclude={"admin_token"}),
-        }
-
-
-def _root(e: BaseException) -> BaseException:
-    """The exception inside Ray's wrappers (``RayTaskError.cause``), else ``e``."""
-    for _ in range(5):
-        c = getattr(e, "cause", None)
-        if not isinstance(c, BaseException):
-            break
-        e = c
-    return e
-
-
-def replica_died(e: BaseException) -> bool:
-    """True if ``e`` says the replica serving a call died or became unreachable (a Ray actor error):
-    the call's work is lost, so one that had sent nothing to the client may be retried."""
-    return isinstance(e, RayActorError) or isinstance(_root(e), RayActorError)
-
-
-def _bound(seconds: float) -> Optional[float]:
-    """An ``asyncio.wait_for`` timeout: None for no bound (inf), else at least 0."""
-    return None if math.isinf(seconds) else max(0.0, seconds)
-
-
-def _forward_meta(meta: dict, d: RegionDecision) -> dict:
-    meta = dict(meta)
-    meta["route"] = "forwarded"
-    meta["forward_reason"] = d.reason
-    return meta
-
-
-def _peer_state(ps, now: float) -> dict:
-    """A peer's row in the state payload."""
-    age = now - ps.timestamp
-    return {"available_replicas": ps.available_replicas, "queue_len": ps.queue_len,
-            "age_s": None if math.isinf(age) else round(age, 3),
-            "rtt_ms": None if ps.rtt_s is None else round(ps.rtt_s * 1000, 2),
-            "extra": {k: v for k, v in (ps.extra or {}).items() if isinstance(v, (int, float)) and math.isfinite(v)},
-            "prefix_summary": None if ps.prefix_summary is None else
-            {"keys": ps.prefix_summary.n, "bytes": ps.prefix_summary.wire_bytes(),
-             "false_positive_rate": round(ps.prefix_summary.false_positive_rate(), 5)}}

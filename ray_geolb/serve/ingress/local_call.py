@@ -1,0 +1,146 @@
+"""A request served in this region: :class:`LocalCalls`, the local call with its one retry.
+
+:meth:`LocalCalls._run_local` takes a :class:`~.local_view.LocalSlot` (capacity owned, returned on
+every path, cancellation included) and calls the model deployment through the
+:class:`~.model_client.ModelClient`; the GeoPrefixRouter of this process places the call (step 4 of
+``docs/design.md`` section 3). A replica that dies before anything reached the client is retried
+once on whichever replica the router picks (:data:`LOCAL_ATTEMPTS`, within the deadline and the retry
+budget); after the first token a failure ends the stream with an error event instead.
+
+A mixin of :class:`~.request_path.RequestPath`; it reads ``cfg``, ``region``, ``local``, ``llm``,
+``retries``, ``counts``, ``served_ids`` and calls ``local_done``, ``_deadline_exceeded`` and
+``_model_error``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Optional
+
+from ray.exceptions import RayActorError
+
+from ray_geolb.policy.base import RouteRequest
+from ray_geolb.policy.region import RegionDecision
+
+from .context import RequestContext, wait_bound
+from .errors import GeoHTTPError
+from .model_client import error_in
+from .streams import NO_TOKEN, TokenStream, cancel_quietly
+
+logger = logging.getLogger("ray.serve")
+
+__all__ = ["LOCAL_ATTEMPTS", "LocalCalls", "replica_died"]
+
+#: attempts of a local call whose replica died before anything reached the client (a retry goes to
+#: whichever replica the router picks; it spends the retry budget and the request's deadline)
+LOCAL_ATTEMPTS = 2
+
+
+def _root(e: BaseException) -> BaseException:
+    """The exception inside Ray's wrappers (``RayTaskError.cause``), else ``e``."""
+    for _ in range(5):
+        c = getattr(e, "cause", None)
+        if not isinstance(c, BaseException):
+            break
+        e = c
+    return e
+
+
+def replica_died(e: BaseException) -> bool:
+    """True if ``e`` says the replica serving a call died or became unreachable (a Ray actor error):
+    the call's work is lost, so one that had sent nothing to the client may be retried."""
+    return isinstance(e, RayActorError) or isinstance(_root(e), RayActorError)
+
+
+class LocalCalls:
+    """See the module docstring."""
+
+    async def _run_local(self, ctx: RequestContext, d: RegionDecision, wait_ms: float,
+                         rreq: Optional[RouteRequest] = None):
+        """Run a request on this region's model deployment. The local slot each call takes (its minted
+        ``call_id`` in the view's ``unrouted`` set until the router places it, then :meth:`local_done`
+        when it leaves) is owned by a :class:`LocalSlot` and returned on every path, cancellation
+        included. ``rreq`` (the prompt canonicalised, maybe hashed, here) is handed over to the router
+        for the call, under the slot's ``call_id``.
+
+        A replica that dies before anything reached the client (a Ray actor error before the first
+        token, or before a non-streamed response) is retried once on whichever replica the router
+        picks (:data:`LOCAL_ATTEMPTS`), within the request's deadline and the retry budget; after the
+        first token a failure ends the stream with an error event instead (never retried: the
+        client has part of an answer)."""
+        attempt = 0
+        while True:
+            attempt += 1
+            slot = self.local.take_slot(ctx.request_id, self.local_done, rreq)
+            try:
+                if ctx.stream:
+                    return await self._run_local_stream(ctx, d, wait_ms, slot)
+                return await self._run_local_call(ctx, d, wait_ms, slot)
+            except GeoHTTPError:
+                raise
+            except Exception as e:
+                if (replica_died(e) and attempt < LOCAL_ATTEMPTS and ctx.remaining_s() > 0
+                        and self.retries.try_spend()):
+                    self.counts["local_retries"] += 1
+                    logger.info("region %s: the replica died before the first token (%s); retrying on "
+                                "another replica", self.region, type(_root(e)).__name__)
+                    continue
+                err = self._model_error(e)
+                if err is not None:
+                    raise err from None
+                raise
+
+    async def _run_local_call(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
+        try:
+            res = await asyncio.wait_for(self.llm.complete(ctx, slot.call_id), wait_bound(ctx.remaining_s()))
+        except asyncio.TimeoutError:  # the call is cancelled (complete() cancels its stream)
+            raise self._deadline_exceeded(ctx, self.region) from None
+        finally:
+            slot.release()
+        self.served_ids.append(ctx.request_id)
+        return self._local_meta(ctx, d, wait_ms, slot.call_id), res
+
+    async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
+        gen = None
+        try:
+            gen = self.llm.stream(ctx, slot.call_id)
+            left = ctx.remaining_s()
+            try:
+                first = await asyncio.wait_for(gen.__anext__(), wait_bound(min(self.cfg.first_token_timeout_s, left)))
+            except StopAsyncIteration:
+                first = NO_TOKEN
+            except asyncio.TimeoutError:
+                if left < self.cfg.first_token_timeout_s:
+                    raise self._deadline_exceeded(ctx, self.region) from None
+                raise GeoHTTPError(504, f"region {self.region}: no first token within "
+                                        f"{self.cfg.first_token_timeout_s:g} s (first_token_timeout_s)",
+                                   type_="stream_timeout", region=self.region) from None
+            err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
+            if err is not None:
+                raise err
+        except BaseException:  # CancelledError too: the client left before the first token
+            cancel_quietly(gen)
+            slot.release()
+            raise
+        slot.routed()
+        self.served_ids.append(ctx.request_id)
+        try:
+            meta = self._local_meta(ctx, d, wait_ms, slot.call_id)
+        except BaseException:
+            cancel_quietly(gen)
+            slot.release()
+            raise
+        return meta, TokenStream(gen, first, on_close=slot.release, idle_timeout_s=self.cfg.stream_idle_timeout_s,
+                                 where=f"region {self.region}")
+
+    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, call_id: str) -> dict:
+        info = self.local.decision(call_id)
+        meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
+                "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
+        if info:
+            meta["replica"] = info.get("replica")
+            meta["reason"] = info.get("reason") or d.reason
+            meta["matched_prefix"] = int(info.get("matched") or 0)
+            meta["queue_wait_ms"] = wait_ms + 1000.0 * float(info.get("queue_wait_s") or 0.0)
+        return meta
