@@ -4,105 +4,10 @@ One event heap of ``(time, seq, kind, a, b)``; ``seq`` is a global counter, so t
 scheduling order and a run is a pure function of (workload, deployment, config): no wall clock, no
 Python ``hash()`` of strings, no dependence on set iteration order. Same seed -> byte-identical JSON.
 
-What is simulated
------------------
-* **Replicas**: one :class:`~ray_geolb.engine.engine.EngineModel` each. A replica with work is stepped
-  at ``max(now, engine.next_ready_time())``; a step's results (first tokens -> TTFT, finished
-  requests -> completion) are applied at ``now + duration`` and the next step starts right then.
-  One event per engine step, never per token.
-* **Stats reach the LB late** (Ray Serve: the controller polls ``record_routing_stats`` every
-  ``request_routing_stats_period_s`` +-10 % and broadcasts): every ``stats_period_s`` (jittered by
-  ``stats_jitter`` from the seeded RNG, random initial phase) each replica's ``engine.stats()`` is
-  measured and delivered to its LB(s) ``stats_lag_s`` + one-way network delay later as a
-  :class:`~ray_geolb.policy.availability.ReplicaStats` whose ``timestamp`` is the measurement time.
-* **Load balancers** (``sim/region_lb.py``, :class:`~ray_geolb.sim.region_lb.RegionLB`): each LB is a
-  :class:`~ray_geolb.policy.region.router.RegionRouter` around a local policy built by
-  :func:`~ray_geolb.policy.factory.build_policy`, and its queue follows the region layer's one queue
-  rule (``policy/region/queue_rule.py``: go / wait / refuse), the one the Serve ingress runs. A central
-  LB is a RegionRouter with ``max_hops=0`` whose local policy sees every replica of every region; it
-  keeps a strict FCFS queue: the head is decided (local / forward / hold / reject), on *hold* nothing
-  behind it may overtake.
-* **Per-region and region-local LBs run the Serve ingress's rules**, from the same settings object
-  (``DeploymentSpec.settings``, :class:`~ray_geolb.policy.region.config.RegionLayerSettings`; the Serve
-  side: ``serve/ingress/admission.py`` and ``request_path.py``, on the same ``QueueRule``): FCFS for
-  *local* capacity only -- a newcomer is decided at once with every waiting request counted ahead of it,
-  and a forward (or a reject) goes straight on; at each new peer table every waiting request behind the
-  head is decided again with the requests still ahead of it (``forward_past_queue``), so the 'cost'
-  selector's slot wait sees the real number ahead. A request that must wait when ``max_queue`` already
-  wait, or that waited ``max_wait_s``, is refused (the ingress's 429 / 503 with Retry-After; counters
-  ``lb_queue_full`` / ``lb_wait_timeout``): the refusal goes back to the client, which sends the same
-  request again ``retry_after_s`` later (its TTFT and latency count from the first send). After each
-  forward the LB counts one request in the peer's queue until the next peer table (``note_forwards``:
-  ``RegionRouter.note_forward``). The head of any queue is decided again whenever something changes at
-  that LB (arrival, stats delivery, completion seen by the LB, peer table received).
-* **Heartbeats through the registry** (Serve's ``RegistryClient``; the one message builder:
-  ``policy/region/heartbeat.py``): every ``heartbeat_period_s`` each per-region LB sends (available
-  replicas, LB queue length, its measured RTTs, and the router's ``extra``: queued prompt tokens, replica
-  count, in-flight requests, t_p) to one :class:`~ray_geolb.policy.region.registry_state.RegistryState` in
-  ``DeploymentSpec.registry_region()``, one one-way delay away; the registry answers with the peer table,
-  which arrives one one-way delay later and becomes the router's ``PeerState``s
-  (``peer_states_from_table``: ages from when each peer measured its figures -- each heartbeat declares
-  half its LB's last registry round trip as ``delay_s``, and the table is dated half the round trip before
-  it arrived, as ``RegistryClient`` does; ``rtt_s`` = what this region measured to the peer, else the
-  peer's measurement). The next tick is one period after the last one began, or at the answer if that is
-  later. GeoPrefix's heartbeat also carries the region's hash-only prefix summary
-  (``RegionRouter.prefix_summary``, wire form ``PrefixSummary.to_wire``; counters ``prefix_summaries`` /
-  ``prefix_summary_bytes`` / ``prefix_summary_bytes_max``) in the heartbeats the Serve ingress would put
-  it in (``SummarySendRule``: when it changed, and at least every 5 s); the registry keeps each region's
-  last one and relays it in every table (``prefix_summaries``), which ``peer_states_from_table`` parses
-  into ``PeerState.prefix_summary``, as in Serve.
-* **RTT probes** (Serve's ``PeerMesh._probe_loop``): each LB pings its peers one after another (a
-  reply comes back one RTT later and goes to ``RegionRouter.observe_rtt``, the router's one RTT
-  estimate, an EWMA the 'cost' selector reads), then pauses ``rtt_probe_period_s``.
-* **Feedback to the policies**: before each decision an LB calls ``router.set_queue(ahead, tokens)``
-  with what waits before the request (nothing for the head); on completion
-  the serving LB calls ``policy.on_complete(..., ttft_s=...)`` with the TTFT *as the LB sees it*
-  (first token at the replica + replica->LB delay - dispatch time), so the online t_p regression
-  learns, and ``router.on_local_complete(now)`` (the 'cost' selector's local drain rate). A central
-  LB with ``DeploymentSpec.rtt_aware`` (GORGO-proxy) gets
-  ``policy.rtt_of_target(target, req)`` = RTT(client, LB) + RTT(LB, replica's region).
-* **Network**: client -> its LB -> (peer LB) -> replica, each hop paying the one-way delay of
-  :class:`~ray_geolb.engine.network.RegionNetwork`; tokens come back along the same path, so TTFT and
-  end-to-end latency include every hop twice. The LB that dispatched a request learns of its
-  completion one replica->LB delay after the engine finished it.
-* **Clients**: closed loop (each client runs one program at a time, a program's calls respect
-  ``depends_on``, independent calls - ToT siblings - are sent concurrently; think time between
-  programs) or open loop (program arrivals at given times, lazily consumed).
-
-Starting a run
---------------
-The first request is sent at time 0. Before it, from ``-SimConfig.warmup_s`` (5 s by default), the
-control plane already runs on idle engines: replica reports, heartbeats through the registry (peer
-tables) and RTT probes -- as in a Serve deployment, whose ingresses heartbeat from the moment they
-start, long before their traffic. (Until issue 13 every run started cold: peers unknown, RTTs
-unmeasured, no replica report at time 0, which only the per-region LBs depend on -- the central LBs
-count their own dispatches -- so closed-loop workloads, whose clients all send at time 0, put their
-first burst on per-region LBs that knew nothing. ``warmup_s=0`` is that cold start.)
-
-Ending a run
-------------
-No new program starts at or after ``duration_s`` (nor after ``max_programs`` programs). With
-``drain=False`` (default) the run is **cut off** at ``duration_s`` (or earlier if everything is
-done); with ``drain=True`` the requests in flight are completed. Only requests whose response
-reached the client are counted (throughput, latencies); ``in_flight_at_end`` counts the rest, so
-``requests_sent == requests_completed + requests_rejected + in_flight_at_end``.
-
-What the Serve ingress does that is not simulated
--------------------------------------------------
-The per-region LBs run the Serve ingress's region layer (``DeploymentSpec.settings``), and
-:meth:`Simulator.region_layer_config` reports it in the ingress's terms so a test can compare both
-sides field by field (``tests/sim/test_simulator_runs_the_serve_region_layer_config.py``). What is
-left out, and why, is :data:`SERVE_NOT_SIMULATED` (``IngressConfig`` fields and behaviours). In short:
-HTTP details (model name, max_tokens defaults), operator access, failures (forward timeouts, unreachable
-peers, registry timeouts and restarts, the snapshot mirror), the 20 ms poll of the queue's head (the
-simulator re-decides it at every event that changes what the decision reads), the GeoPrefixRouter's
-own held queue (the simulated LB picks the replica in the same step as the region decision) and more
-than one ingress replica per region.
-
-A request too long for the engine (``prompt + output > max_model_len``, more KV blocks than the
-cache, or, on an SGLang engine, a prompt plus its output reservation larger than the cache:
-:func:`~ray_geolb.engine.engine.request_fits`) is *rejected at the client* and counted in
-``requests_rejected`` (never silently dropped); its program continues as if it had been answered.
+What is simulated (replicas, late reports, the region LBs on the one queue rule, heartbeats through the
+registry, RTT probes, feedback to the policies, the network, clients), how a run starts and ends, and
+what the Serve ingress does that is not simulated (:data:`SERVE_NOT_SIMULATED`): ``docs/design.md``
+section 8.
 """
 
 from __future__ import annotations
