@@ -10,22 +10,13 @@ from ray import serve  # noqa: E402
 from ray_geolb.policy import policy_names  # noqa: E402
 from ray_geolb.serve import router_for  # noqa: E402
 from ray_geolb.serve.emulated import emulated_deployment  # noqa: E402
-from ray_geolb.serve.local import free_port, start_local_ray  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 DEP = "Emulated"
 # The oracle needs a global view of every engine's cache, which a Ray Serve router does not have.
 RAY_POLICIES = [p for p in policy_names() if p != "oracle"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ctx = start_local_ray(num_cpus=4, prefix="rgP", logging_level="warning")
-    serve.start(http_options={"port": free_port()})
-    yield ctx
-    serve.shutdown()
-    ray.shutdown()
+SERVE_CLUSTER = {"prefix": "rgP"}  # options of this module's cluster (conftest.serve_cluster)
 
 
 def test_every_core_policy_is_listed():
@@ -34,7 +25,7 @@ def test_every_core_policy_is_listed():
 
 
 @pytest.mark.parametrize("policy", RAY_POLICIES)
-def test_policy_serves_through_geoprefixrouter(cluster, policy):
+def test_policy_serves_through_geoprefixrouter(serve_cluster, policy):
     app = f"pol-{policy.replace('_', '-')}"
     h = serve.run(emulated_deployment(2, {"policy": policy}, name=DEP, time_scale=0.005, output_tokens=4),
                   name=app, route_prefix=None)

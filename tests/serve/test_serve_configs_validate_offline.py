@@ -13,6 +13,7 @@ import importlib
 
 import pytest
 import yaml
+from fakes import offline_router
 
 from ray_geolb.serve.llm_server import guard_broken_torch_extras
 from repo import REPO
@@ -29,11 +30,6 @@ from ray_geolb.serve.stats_plugin import GeoVLLMServer  # noqa: E402
 
 YAMLS = sorted((REPO / "examples").glob("serve_*.yaml"))
 ROUTER_PATH = "ray_geolb.serve.router.GeoPrefixRouter"
-
-
-class _OfflineRouter(GeoPrefixRouter):
-    def __init__(self):  # no Ray: initialize_state only
-        self._deployment_id = None
 
 
 def load(path):
@@ -101,8 +97,7 @@ def test_one_region_config_is_ray_serve_llms_own_app_with_geoprefix():
     llm = LLMConfig.model_validate(raw)
     rc = llm.deployment_config["request_router_config"]
     assert import_attr(rc["request_router_class"]) is GeoPrefixRouter
-    router = _OfflineRouter()
-    router.initialize_state(**rc["request_router_kwargs"])  # the kwargs the router will get, validated by it
+    router = offline_router(**rc["request_router_kwargs"])  # the kwargs the router will get, validated by it
     assert router.policy.name == rc["request_router_kwargs"]["policy"]
     assert import_attr(raw["server_cls"]) is GeoVLLMServer
     app = import_attr(spec["import_path"])(spec["args"])
