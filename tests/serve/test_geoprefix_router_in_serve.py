@@ -5,40 +5,23 @@ process, so tests read its state through the per-process registry.
 """
 
 import concurrent.futures as cf
-import socket
 import time
 
 import pytest
 
 ray = pytest.importorskip("ray")
+from fakes import offline_router  # noqa: E402
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve import router_for  # noqa: E402
 from ray_geolb.serve.emulated import emulated_deployment  # noqa: E402
 from ray_geolb.serve.errors import RouterError, RouterQueueFull, RouterWaitTimeout  # noqa: E402
-from ray_geolb.serve.local import start_local_ray  # noqa: E402
-from ray_geolb.serve.router import DEFAULT_POLICY, GeoPrefixRouter, extract_prompt_text  # noqa: E402
+from ray_geolb.serve.router import DEFAULT_POLICY, extract_prompt_text  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
 
 DEP = "Emulated"
-
-
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    ctx = start_local_ray(num_cpus=4, prefix="rgA", logging_level="warning")
-    serve.start(http_options={"port": _free_port()})
-    yield ctx
-    serve.shutdown()
-    ray.shutdown()
+SERVE_CLUSTER = {"prefix": "rgA"}  # options of this module's cluster (conftest.serve_cluster)
 
 
 def _deploy(app, num_replicas, router_kwargs=None, **server_kwargs):
@@ -74,7 +57,7 @@ def test_prompt_extraction_helpers():
     assert DEFAULT_POLICY == "geoprefix"
 
 
-def test_conversation_affinity(cluster):
+def test_conversation_affinity(serve_cluster):
     h = _deploy("aff", 4, {"policy": "skylb"}, time_scale=0.005, output_tokens=8)
     r = _router("aff", h)
     assert r.policy.name == "skylb" and r.num_local_replicas() == 4
@@ -105,7 +88,7 @@ def test_conversation_affinity(cluster):
     serve.delete("aff")
 
 
-def test_geoprefix_learns_t_p_from_replica_ttft_reports(cluster):
+def test_geoprefix_learns_t_p_from_replica_ttft_reports(serve_cluster):
     """In Serve the router never sees a TTFT itself: the replicas report theirs (``ttft_samples`` in
     routing stats) and a TTFT-fitted cost policy (GeoPrefix with ``ttft.source="ttft"``, GORGO's way;
     GeoPrefix's default fits the engines' step work, see test_ttft_feedback_reaches_the_policy.py)
@@ -145,7 +128,7 @@ def test_geoprefix_learns_t_p_from_replica_ttft_reports(cluster):
     serve.delete("ttft")
 
 
-def test_selective_pushing_no_queue_while_replica_idle(cluster):
+def test_selective_pushing_no_queue_while_replica_idle(serve_cluster):
     # max_num_seqs=2 per replica; each request runs ~0.4-0.8 s; 18 requests at once over 3 replicas.
     h = _deploy("sp", 3, {"policy": "skylb"}, time_scale=0.25, output_tokens=150,
                 engine_overrides={"max_num_seqs": 2})
@@ -176,7 +159,7 @@ def test_selective_pushing_no_queue_while_replica_idle(cluster):
     serve.delete("sp")
 
 
-def test_queue_bound_typed_error_reaches_caller(cluster):
+def test_queue_bound_typed_error_reaches_caller(serve_cluster):
     h = _deploy("qb", 1, {"queue_bound": 2, "wait_limit_s": 60, "retry_after_s": 2.5}, time_scale=0.5,
                 output_tokens=100, engine_overrides={"max_num_seqs": 1})
     r = _router("qb", h)
@@ -199,7 +182,7 @@ def test_queue_bound_typed_error_reaches_caller(cluster):
 
 
 @pytest.mark.parametrize("delivery", ["wrap", "future"])
-def test_wait_limit_typed_error(cluster, delivery):
+def test_wait_limit_typed_error(serve_cluster, delivery):
     app = f"wl-{delivery}"
     h = _deploy(app, 1, {"wait_limit_s": 1.0, "error_delivery": delivery}, time_scale=1.0,
                 output_tokens=300, engine_overrides={"max_num_seqs": 1})
@@ -220,7 +203,7 @@ def test_wait_limit_typed_error(cluster, delivery):
     serve.delete(app)
 
 
-def test_injected_internal_errors_still_serve_everything(cluster):
+def test_injected_internal_errors_still_serve_everything(serve_cluster):
     h = _deploy("inj", 3, {"_inject_error_every": 3}, time_scale=0.005, output_tokens=4)
     r = _router("inj", h)
     resps = [h.remote(f"req {i} " * 30) for i in range(30)]
@@ -230,7 +213,7 @@ def test_injected_internal_errors_still_serve_everything(cluster):
     serve.delete("inj")
 
 
-def test_requests_without_prompt_are_routed_and_counted(cluster):
+def test_requests_without_prompt_are_routed_and_counted(serve_cluster):
     h = _deploy("np", 2, {}, time_scale=0.005)
     r = _router("np", h)
     before = r.counters["no_prompt"]
@@ -240,19 +223,15 @@ def test_requests_without_prompt_are_routed_and_counted(cluster):
 
 
 def test_bad_router_kwargs_are_rejected():
-    class _R(GeoPrefixRouter):
-        def __init__(self):  # no Ray: exercise initialize_state only
-            self._deployment_id = None
-
     with pytest.raises(ValueError, match="unknown request_router_kwargs"):
-        _R().initialize_state(polcy="skylb")
+        offline_router(polcy="skylb")
     with pytest.raises(ValueError, match="queue_bound"):
-        _R().initialize_state(queue_bound=0)
+        offline_router(queue_bound=0)
     with pytest.raises(ValueError, match="unknown policy"):
-        _R().initialize_state(policy="nope")
+        offline_router(policy="nope")
 
 
-def test_replica_killed_mid_run(cluster):
+def test_replica_killed_mid_run(serve_cluster):
     """Kill one of 3 replicas while 24 requests are in flight. Requests in flight on the killed
     replica fail with Ray's ActorDiedError-family error at the caller (Serve does not retry a
     request a replica already accepted); the caller retries those once and every request
@@ -293,7 +272,7 @@ def test_replica_killed_mid_run(cluster):
     serve.delete("kill")
 
 
-def test_requests_answered_at_once_leave_no_in_flight_record(cluster):
+def test_requests_answered_at_once_leave_no_in_flight_record(serve_cluster):
     """Ray 2.60 may call on_request_completed before on_request_routed for a request answered at once
     (it registers the completion callback before awaiting the replica's acceptance). With the
     idle-report reconciliation off, every in-flight record and reservation must still be gone once the
