@@ -12,7 +12,6 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402
 
 from ray_geolb.serve.llm_server import GUARD_HOOK, guard_broken_torch_extras  # noqa: E402
-from ray_geolb.serve.local import free_port, start_local_ray  # noqa: E402
 
 guard_broken_torch_extras()  # this venv: CUDA torchvision / torchaudio 2.11 over torch 2.13+cpu
 pytest.importorskip("vllm")
@@ -103,22 +102,19 @@ def test_geo_vllm_server_class_builds():
     assert GeoVLLMServer.__module__ == "ray_geolb.serve.stats_plugin"
 
 
+# this module's cluster (conftest.serve_cluster), with a job-level hook: a per-replica runtime_env hook
+# did not run before the OpenAiIngress replica unpickled its class (which imports vLLM) in Ray 2.60
+SERVE_CLUSTER = {"prefix": "rgL", "runtime_env": {"worker_process_setup_hook": GUARD_HOOK}}
+
+
 @pytest.fixture(scope="module")
-def llm_app():
+def llm_app(serve_cluster):
     from ray_geolb.serve.llm_server import build_emulated_openai_app, emulated_llm_config
 
-    # job-level hook: a per-replica runtime_env hook did not run before the OpenAiIngress replica
-    # unpickled its class (which imports vLLM) in Ray 2.60
-    start_local_ray(num_cpus=4, prefix="rgL", logging_level="warning",
-                    runtime_env={"worker_process_setup_hook": GUARD_HOOK})
-    port = free_port()
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     cfg = emulated_llm_config("emu-llama", num_replicas=2, router_kwargs={"policy": "skylb"},
                               time_scale=0.01, output_tokens=6)
     serve.run(build_emulated_openai_app([cfg]), name="llm", route_prefix="/")
-    yield f"http://127.0.0.1:{port}"
-    serve.shutdown()
-    ray.shutdown()
+    yield serve_cluster
 
 
 def test_openai_chat_non_streaming_over_http(llm_app):
