@@ -4,18 +4,14 @@ the script's parsing on the real README (no venv, no Ray): the main-job line is 
 extras, and every documented entry point has exactly one tiny-input short form -- a new command
 without one fails here before it fails CI."""
 
-import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from repo import REPO as ROOT
+from repo import load_script
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_readme_commands", ROOT / ".ci" / "check_readme_commands.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(".ci/check_readme_commands.py")
 
 
 def test_the_main_job_line_is_read_from_the_readme_with_its_extras():

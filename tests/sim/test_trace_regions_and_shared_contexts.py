@@ -4,7 +4,6 @@ reproducibly; compare_policies runs the new scenario and the network-hard / conv
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections import defaultdict
 
@@ -13,7 +12,7 @@ import pytest
 from ray_geolb.sim.scenarios import run_one, scenario_runs
 from ray_geolb.sim.workloads import by_name, shared_context, shared_context_trace, trace
 from ray_geolb.sim.workloads.shared_context import context_of, trace_rows
-from repo import REPO
+from repo import load_script
 
 REGIONS = ["us", "eu", "asia"]
 
@@ -146,10 +145,7 @@ def test_shared_context_scenario_runs_reproducibly():
 
 
 def _compare_policies():
-    spec = importlib.util.spec_from_file_location("compare_policies", REPO / "benchmarks" / "compare_policies.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/compare_policies.py")
 
 
 def test_compare_policies_runs_the_new_scenario_and_four_seeds():
