@@ -23,7 +23,8 @@
 
 The subclass provides ``book`` (a ``RequestBook``), ``counters``, ``metrics``, ``region``,
 ``deployment_key``, ``queue_bound``, ``queue_bound_tokens``, ``wait_limit_s``, ``error_delivery``,
-``retry_after_s`` and ``queued_tokens()``.
+``retry_after_s``, ``queued_tokens()``, ``publish()`` (the ingress's snapshot: the queue changed) and
+``_safe``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,15 @@ class RayRouterBase(RequestRouter):
         iid = pending_request.metadata.internal_request_id
         if not is_retry:
             self._check_queue_bound()
+        # Ray adds the request to its pending queue before base awaits its future: the snapshot the
+        # ingress reads counts it from the next loop turn, and no longer once this coroutine ends
+        asyncio.get_running_loop().call_soon(self._safe, self.publish)
+        try:
+            return await self._bounded(pending_request, iid, is_retry)
+        finally:
+            self._safe(self.publish)
+
+    async def _bounded(self, pending_request: PendingRequest, iid: str, is_retry: bool):
         base = super()._choose_replica_for_request
         if self.wait_limit_s is None or self.error_delivery != "wrap" or _timeout_ctx is None:
             try:

@@ -56,6 +56,8 @@ The class is this file (the algorithm's wiring into Ray's hooks) plus three base
 every use of Ray's private ``RequestRouter`` members), :class:`~ray_geolb.serve.router_views.RouterViews`
 (read-only figures for the ingress and leak checks) and
 :class:`~ray_geolb.serve.router_telemetry.RouterTelemetry` (metrics and rate-limited warnings).
+After each event it publishes what the region ingress of its process reads, a frozen
+:class:`~ray_geolb.serve.router_snapshot.RouterSnapshot`, by one attribute swap (:meth:`publish`).
 
 Ray cloudpickles this module by value into the processes that hold a handle, so module-level state
 here is per-copy; the per-process registry lives in ``ray_geolb.serve`` (imported by reference):
@@ -79,6 +81,7 @@ from ray_geolb.serve.ray_internals import RayRouterBase
 from ray_geolb.serve.replica_set import ReplicaSet
 from ray_geolb.serve.request_book import RequestBook, extract_prompt_text
 from ray_geolb.serve.router_options import check_kwargs, check_share, holder_share
+from ray_geolb.serve.router_snapshot import snapshot_of
 from ray_geolb.serve.router_telemetry import RouterTelemetry
 from ray_geolb.serve.router_views import RouterViews
 
@@ -160,6 +163,13 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         known = self._ray_replicas()
         if known:
             self._safe(self._sync, known)
+        self.publish()
+
+    def publish(self) -> None:
+        """Publish what the region ingress of this process reads, by one attribute swap: a frozen
+        :class:`~ray_geolb.serve.router_snapshot.RouterSnapshot` of the state now (called after each
+        event that changes it; the ingress never reads the live policy)."""
+        self.snapshot = snapshot_of(self)
 
     @classmethod
     def instances(cls, app_name: Optional[str] = None, deployment_name: Optional[str] = None) -> list:
@@ -182,6 +192,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         self._flush_metrics()
         if self.book.held and self.policy.tracker.available:
             self.book.wake_head()
+        self.publish()
 
     def _update_share(self) -> None:
         """``headroom_share="auto"``: this router is one of the N replicas of the deployment whose
@@ -212,6 +223,8 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
                 return self._fallback(candidate_replicas, pending_request)
             except Exception:
                 return [list(candidate_replicas)]
+        finally:
+            self._safe(self.publish)  # placed, held or fallen back: what the ingress reads changed
 
     def _choose(self, candidates, pr: PendingRequest):
         self._ncalls += 1
@@ -280,6 +293,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
                                      min(1.0, (rec.get("matched") or 0) / max(1, len(req.text))), self.policy_name)
             if self.metrics.due():
                 self._flush_metrics()
+            self.publish()
         except Exception as e:
             self.counters["internal_errors"] += 1
             self._log_error(f"on_request_routed failed: {e!r}")
@@ -287,6 +301,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         try:
             self.book.completed(internal_request_id, replica_id.unique_id)
+            self.publish()
         except Exception as e:
             self.counters["internal_errors"] += 1
             self._log_error(f"on_request_completed failed: {e!r}")
@@ -298,3 +313,4 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
     def _drop_replica(self, uid: str) -> None:
         self.book.drop_replica(uid)
         self.replicas.drop(uid)
+        self.publish()

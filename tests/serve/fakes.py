@@ -41,10 +41,22 @@ def pending_request(body: Any, serve_id: str, internal_id: str):
                           metadata=RequestMetadata(request_id=serve_id, internal_request_id=internal_id))
 
 
+class _FakeRouterView(SimpleNamespace):
+    """A SimpleNamespace whose ``snapshot`` is taken at each read (as if the router published after
+    every change the test makes)."""
+
+    @property
+    def snapshot(self):
+        from ray_geolb.serve.router_snapshot import snapshot_of
+
+        return snapshot_of(self)
+
+
 def fake_router_view(policy, slots: Union[int, Callable[[], int]] = 0, queue: int = 0, tokens: float = 0.0):
     """What the region ingress (``RequestPath(cfg, geo_router=lambda: view)``) reads from its region's
     GeoPrefixRouter: the live ``policy``, free ``slots`` (``num_available`` and ``free_slots``; a callable
-    is asked at each read), the router's ``queue`` length and queued ``tokens``, and no decisions."""
+    is asked at each read), the router's ``queue`` length and queued ``tokens``, and no decisions; its
+    ``snapshot`` (what the ingress reads) is taken from those at each read."""
     free = slots if callable(slots) else (lambda: slots)
-    return SimpleNamespace(policy=policy, num_available=free, free_slots=free, queue_len=lambda: queue,
+    return _FakeRouterView(policy=policy, num_available=free, free_slots=free, queue_len=lambda: queue,
                            queued_tokens=lambda: tokens, decision=lambda rid: None)

@@ -47,6 +47,7 @@ def _ingress_stay_cost(age_s: float) -> float:
     # what RequestBook.routed does when the router dispatched DOC: stamp the tree on the policy clock
     router.policy.on_dispatch(RouteRequest(request_id="doc", text=DOC), "a", now - age_s)
     router.policy.on_complete("doc", "a", now - age_s + 1.0)
+    router.publish()  # the router publishes after its own events; this test changed its policy directly
     cfg = IngressConfig(region="us", peers={"eu": "geolb-eu"}, registry=None,
                         two_layer={"remote": "cost", "cost": COST, "peer_stale_s": 10.0})
     ing = RequestPath(cfg, geo_router=lambda: router)  # not started: no registry link, no probes

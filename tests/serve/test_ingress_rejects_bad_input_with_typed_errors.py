@@ -10,6 +10,7 @@ import asyncio
 import json
 
 import pytest
+from fakes import fake_router_view
 
 from ray_geolb.serve.ingress import IngressConfig, RequestPath
 from ray_geolb.serve.ingress.errors import GeoHTTPError
@@ -263,10 +264,8 @@ def test_a_peer_that_answers_429_is_skipped_and_the_request_goes_elsewhere():
 
     geo = build_policy("geoprefix", targets=["r1"])
     geo.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
-    from types import SimpleNamespace
 
-    fake = SimpleNamespace(policy=geo, num_available=lambda: 0, free_slots=lambda: 0, queue_len=lambda: 0,
-                           queued_tokens=lambda: 0.0, decision=lambda rid: None)
+    fake = fake_router_view(geo)
     cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
                         two_layer={"remote": "nearest"})
     ing = RequestPath(cfg.model_dump(), geo_router=lambda: fake)
@@ -371,8 +370,7 @@ def test_a_forward_that_times_out_is_504_and_never_sent_to_a_second_region():
 
     geo = build_policy("geoprefix", targets=["r1"])
     geo.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
-    fake = SimpleNamespace(policy=geo, num_available=lambda: 0, free_slots=lambda: 0, queue_len=lambda: 0,
-                           queued_tokens=lambda: 0.0, decision=lambda rid: None)
+    fake = fake_router_view(geo)
     cfg = IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu", "asia": "geolb-asia"},
                         two_layer={"remote": "nearest"}, latency={"scale": 0.0})
     ing = RequestPath(cfg.model_dump(), geo_router=lambda: fake)

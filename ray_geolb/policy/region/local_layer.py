@@ -7,8 +7,9 @@ implement it:
 * every :class:`~ray_geolb.policy.base.Policy` (the simulator hands its RegionRouter the policy
   itself); the base class gives the documented defaults, the cost policies override them;
 * the Serve ingress's local view (``LocalView`` in ``ray_geolb/serve/ingress/local_view.py``), which answers
-  ``choose`` from the model deployment's router availability and delegates everything else to that
-  router's live policy.
+  from the frozen snapshot the model deployment's router publishes after each event
+  (``ray_geolb/serve/router_snapshot.py``): ``choose`` from its free slots, everything else from its
+  per-replica load, pooled ``t_p`` and prefix index.
 
 ``LocalLoad`` is the part of the policy's :class:`~ray_geolb.policy.availability.LoadTracker` the
 region layer reads.

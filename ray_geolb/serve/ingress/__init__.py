@@ -8,9 +8,10 @@ nodes (``label_selector`` on ``ray.io/availability-region``; see ``app.py``). Fo
    unknown ``allowed_regions`` entry -> HTTP 400 naming the problem; an unknown ``model`` -> 404.
 2. **Decide** with :class:`ray_geolb.policy.region.router.RegionRouter` (the same policy core and the
    same :func:`canonical_text` as the simulator): *local* while this region has an available replica
-   (read in process from the GeoPrefixRouter of the model deployment -- no actor call; "available"
-   until that router exists), else *forward* to the best available peer region's ingress (regional
-   snapshot: longest prefix already forwarded there, ties by measured RTT), else *hold*.
+   (read in process from the snapshot the GeoPrefixRouter of the model deployment publishes -- no
+   actor call; "available" until that router exists), else *forward* to the best available peer
+   region's ingress (regional snapshot: longest prefix already forwarded there, ties by measured
+   RTT), else *hold*.
 3. **Hold**: an FCFS queue at this ingress, bounded (``max_queue`` -> 429) and time-limited
    (``max_wait_s`` -> 503), both with ``Retry-After`` and a JSON error body. Only the head of the
    queue is re-decided (when a local request completes, the peer table changes, or every ``poll_s``).
@@ -30,15 +31,20 @@ Each part is a class that owns its state (a module imports only the modules abov
 * ``errors.py`` -- :class:`GeoHTTPError` (an error with an HTTP status, picklable across regions);
 * ``context.py`` -- :class:`RequestContext`: one request on its way (body, text, stream, max_tokens,
   allowed regions, hops, origin, session, request id, time waited, wait cap);
-* ``openai.py`` -- OpenAI parsing (:func:`validate_body`, :func:`parse_request`), the header rules
-  (:func:`client_headers`, the debug/admin rule) and the response payloads (JSON, SSE);
+* ``openai.py`` -- OpenAI parsing (:func:`validate_body`, :func:`parse_request`) and the header rules
+  (:func:`client_headers`, the debug/admin rule);
+* ``responses.py`` -- the response payloads (JSON, SSE), as a client may see them;
 * ``streams.py`` -- :class:`TokenStream`, a streamed response that owns what its request holds;
-* ``local_view.py`` -- :class:`LocalView`: the region layer's local layer over the in-process
-  GeoPrefixRouter (availability, the router's queue), owner of the local slots (:class:`LocalSlot`);
+* ``local_view.py`` -- :class:`LocalView`: the region layer's local layer over the snapshot the
+  in-process GeoPrefixRouter publishes (availability, the router's queue, its load), owner of the
+  local slots (:class:`LocalSlot`);
 * ``admission.py`` -- :class:`AdmissionQueue`: the FCFS hold queue (a ``policy.hold_queue.HoldQueue``);
 * ``peers.py`` -- :class:`PeerMesh`: peer handles, RTT probes, heartbeats, the snapshot mirror;
+* ``local_call.py`` -- the local call with its one retry before the first token;
+  ``forward.py`` -- the one-hop forward, streamed or not; ``telemetry.py`` -- counters, metrics, the
+  typed errors they count, the state payload (three parts of :class:`RequestPath`);
 * ``request_path.py`` -- :class:`RequestPath`: owns the RegionRouter and drives the parts above
-  (decide, admit, run locally or forward; state and accounting);
+  (decide, admit, run locally or forward);
 * ``deployment.py`` -- :class:`RegionIngress`, the FastAPI ``@serve.ingress`` deployment: HTTP
   endpoints and the handle methods peers call.
 

@@ -1,5 +1,6 @@
-"""This region's local layer as the ingress sees it: :class:`LocalView`, over the model deployment's
-GeoPrefixRouter living in this same process (``ray_geolb.serve.router_for``: no actor call).
+"""This region's local layer as the ingress sees it: :class:`LocalView`, over the snapshot the model
+deployment's GeoPrefixRouter in this same process publishes (``ray_geolb.serve.router_for``: no actor
+call; ``serve/router_snapshot.py``).
 
 The view owns the ingress's share of local capacity: the requests sent to the model handle that the
 router has not placed yet (``unrouted``; each held by a :class:`LocalSlot`), which it subtracts from
@@ -16,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy.base import Decision
+from ray_geolb.serve.router_snapshot import RouterSnapshot
 
 __all__ = ["LocalSlot", "LocalView", "TrackerView", "geo_router_of"]
 
@@ -42,29 +44,30 @@ def geo_router_of(model: Any) -> Callable[[], Optional[Any]]:
 
 
 class LocalView:
-    """The local layer a :class:`RegionRouter` sees: the in-process GeoPrefixRouter's policy.
+    """The local layer a :class:`RegionRouter` sees: the in-process GeoPrefixRouter's published
+    :class:`~ray_geolb.serve.router_snapshot.RouterSnapshot`.
 
-    * ``choose`` -- "is a replica of this region available now?": :meth:`local_available` (the
-      router's SP-P availability, minus requests sent locally that it has not placed yet). The
-      replica itself is picked by the GeoPrefixRouter when the request reaches the model handle, so
-      the view only says *whether* the policy would place it -- which is what ``policy.choose``
-      returning a decision or None means in the simulator's RegionRouter.
+    * ``choose`` -- "is a replica of this region available now?": :meth:`local_slots` (the router's
+      SP-P free slots, minus requests sent locally that it has not placed yet). The replica itself
+      is picked by the GeoPrefixRouter when the request reaches the model handle, so the view only
+      says *whether* the policy would place it -- which is what ``policy.choose`` returning a
+      decision or None means in the simulator's RegionRouter.
     * Everything else the region layer reads -- the ``cost`` selector's stay cost and this region's
-      heartbeat extras: ``targets``, ``tracker.stats/unseen/outstanding``, ``index``,
-      ``mean_prompt_tokens``, ``region_t_p()``, ``queued_tokens(t)`` -- delegates to the live policy
-      object of the model deployment's GeoPrefixRouter (no copy, no actor call), so the selector
-      prices staying exactly as the simulator's RegionRouter does over its real local policy (a policy
-      without a TTFT model answers None, and the selector takes its documented fallback). Until the
-      router exists (it is created with the first local request) there are no targets: staying is
-      not priced, and every request is local anyway.
+      heartbeat extras: ``targets``, ``tracker.stats/unseen/outstanding/share``, ``index``,
+      ``mean_prompt_tokens``, ``region_t_p()``, ``queued_tokens(t)`` -- is read from the router's
+      last snapshot, so the selector prices staying as the simulator's RegionRouter does over its
+      real local policy (a policy without a TTFT model answers None, and the selector takes its
+      documented fallback). Until the router exists (it is created with the first local request)
+      there are no targets: staying is not priced, and every request is local anyway.
 
     ``availability`` is ``IngressConfig.local_availability``: "router" reads the router; "always"
     (baselines with Ray's own routers) makes every request local-available, with no policy.
     ``geo_router`` returns the router or None (:func:`geo_router_of`).
 
-    The policy lives on the router's event-loop thread; reads here run on the ingress's. They are
-    plain attribute/dict reads; a read that races a mutation (a dict resized mid-iteration) raises,
-    and the request path's ``decide`` retries the decision.
+    The router publishes a new frozen snapshot after each event, on its own thread, by one attribute
+    swap; each read here takes ``router.snapshot`` once and reads only that object: nothing is read
+    while Ray's loop changes it, so nothing here retries or catches. (The prefix index the snapshot
+    names is the one shared structure: see ``serve/router_snapshot.py``.)
     """
 
     def __init__(self, availability: str, geo_router: Callable[[], Optional[Any]]):
@@ -74,20 +77,20 @@ class LocalView:
         self.unrouted: set = set()
         self.tracker = TrackerView(self)
 
-    def policy(self):
-        """The GeoPrefixRouter's policy in this process, or None."""
-        r = self._router()
-        return r.policy if r is not None else None
+    def snapshot(self) -> Optional[RouterSnapshot]:
+        """The GeoPrefixRouter's last published snapshot in this process, or None (no router yet)."""
+        r = self.geo_router()
+        return r.snapshot if r is not None else None
 
-    def _router(self):
-        """The router whose availability and queue count here (None with ``availability="always"``)."""
-        return self.geo_router() if self.availability == "router" else None
+    def _counted(self) -> Optional[RouterSnapshot]:
+        """The snapshot whose availability and queue count here (None with ``availability="always"``)."""
+        return self.snapshot() if self.availability == "router" else None
 
     # ------------------------------------------------------------ availability and the router's queue
     def local_available(self) -> int:
         """Available local replicas (what the heartbeat reports to peers), minus requests sent
         locally that the router has not placed yet."""
-        return self._minus_unplaced(lambda r: r.num_available())
+        return self._minus_unplaced(lambda s: s.available)
 
     def local_slots(self) -> int:
         """Requests the router may still place on its replicas (SP-P's free slots, over all of them:
@@ -95,52 +98,34 @@ class LocalView:
         sends a request to the local layer while this is > 0 -- as the simulator's LB dispatches to
         the policy while a replica has a free slot -- instead of while a replica is available: with
         2 replicas that capped the requests between the ingress and the router at 2."""
-        return self._minus_unplaced(lambda r: r.free_slots())
+        return self._minus_unplaced(lambda s: s.free_slots)
 
-    def _minus_unplaced(self, count) -> int:
+    def _minus_unplaced(self, count: Callable[[RouterSnapshot], int]) -> int:
         if self.availability == "always":
             return 1
         r = self.geo_router()
         if r is None:
             return 1  # the router is created lazily on the first request: assume available
-        try:
-            n = count(r)  # an int read from the router's thread: no lock, no cross-thread call
-            if self.unrouted:
-                n -= sum(1 for rid in self.unrouted if r.decision(rid) is None)
-            return max(0, n)
-        except Exception:  # noqa: BLE001 - never fail a request on a view
-            return 1
+        n = count(r.snapshot)
+        if self.unrouted:  # the ingress's own set; the router's decision log is read one key at a time
+            n -= sum(1 for rid in self.unrouted if r.decision(rid) is None)
+        return max(0, n)
 
     def router_queue_len(self) -> int:
         """Requests held in the router's queue (already sent to the model handle)."""
-        r = self._router()
-        if r is None:
-            return 0
-        try:
-            return r.queue_len()
-        except Exception:  # noqa: BLE001 - a view; never fail on it
-            return 0
+        s = self._counted()
+        return 0 if s is None else s.queue_len
 
     def router_queued_tokens(self) -> float:
         """Their prompt tokens."""
-        r = self._router()
-        if r is None:
-            return 0.0
-        try:
-            return float(r.queued_tokens())
-        except Exception:  # noqa: BLE001 - a view; never fail on it
-            return 0.0
+        s = self._counted()
+        return 0.0 if s is None else s.queued_tokens
 
     def decision(self, request_id: str) -> Optional[dict]:
         """The router's placement of a call (by its slot's ``call_id``): replica, reason, matched,
         queue wait; or None."""
         r = self.geo_router()
-        if r is None:
-            return None
-        try:
-            return r.decision(request_id)
-        except Exception:  # noqa: BLE001
-            return None
+        return None if r is None else r.decision(request_id)
 
     def router_present(self) -> bool:
         return self.geo_router() is not None
@@ -151,7 +136,7 @@ class LocalView:
         if r is None:
             return None
         return {"policy": r.policy_name, "counters": dict(r.counters),
-                "headroom_share": list(r.policy.tracker.share)}
+                "headroom_share": list(r.snapshot.share)}
 
     def accounting(self) -> dict:
         """What requests hold here and in the router (see :meth:`GeoPrefixRouter.accounting`)."""
@@ -171,26 +156,26 @@ class LocalView:
     # ------------------------------------------------------------ LocalLayer
     @property
     def targets(self):
-        p = self.policy()
-        return p.targets if p is not None else []
+        s = self.snapshot()
+        return s.targets if s is not None else []
 
     @property
     def index(self):
-        p = self.policy()
-        return p.index if p is not None else None
+        s = self.snapshot()
+        return s.index if s is not None else None
 
     @property
     def mean_prompt_tokens(self):
-        p = self.policy()
-        return p.mean_prompt_tokens if p is not None else None
+        s = self.snapshot()
+        return s.mean_prompt_tokens if s is not None else None
 
     def region_t_p(self):
-        p = self.policy()
-        return p.region_t_p() if p is not None else None
+        s = self.snapshot()
+        return s.t_p if s is not None else None
 
     def queued_tokens(self, target):
-        p = self.policy()
-        return p.queued_tokens(target) if p is not None else None
+        s = self.snapshot()
+        return s.engine_queued.get(target) if s is not None else None
 
     def choose(self, req, now, candidates=None):
         n = self.local_slots()
@@ -200,55 +185,51 @@ class LocalView:
         pass
 
     # ------------------------------------------------------------ inspection only (not LocalLayer)
-    # The live policy's TTFT model and pooled fit, where it has them (AttributeError otherwise, as on
-    # the policy itself); the region layer reads region_t_p() instead.
+    # The router policy's TTFT model and pooled fit, where it has them (AttributeError otherwise, as on
+    # the policy itself); the region layer reads region_t_p() from the snapshot instead.
     @property
     def ttft(self):
-        return self._live().ttft
+        return self._policy().ttft
 
     @property
     def pooled_t_p(self):
-        return self._live().pooled_t_p
+        return self._policy().pooled_t_p
 
-    def _live(self):
-        p = self.policy()
-        if p is None:
+    def _policy(self):
+        r = self.geo_router()
+        if r is None:
             raise AttributeError("no local policy yet (the GeoPrefixRouter is created with the first request)")
-        return p
+        return r.policy
 
 
 class TrackerView:
     """``LocalView.tracker``: availability as the ingress counts it; per-replica load from the
-    router policy's own LoadTracker."""
+    router's snapshot."""
 
     def __init__(self, view: LocalView):
         self._view = view
-
-    def _tracker(self):
-        p = self._view.policy()
-        return p.tracker if p is not None else None
 
     @property
     def available(self):
         return range(self._view.local_slots())
 
     def stats(self, target):
-        t = self._tracker()
-        return t.stats(target) if t is not None else None
+        s = self._view.snapshot()
+        return s.stats.get(target) if s is not None else None
 
     def unseen(self, target):
-        t = self._tracker()
-        return t.unseen(target) if t is not None else 0
+        s = self._view.snapshot()
+        return s.unseen.get(target, 0) if s is not None else 0
 
     def outstanding(self, target):
-        t = self._tracker()
-        return t.outstanding(target) if t is not None else 0
+        s = self._view.snapshot()
+        return s.outstanding.get(target, 0) if s is not None else 0
 
     @property
     def share(self):
         """(rank, n): the router's share of each report's headroom (n routers share the replicas)."""
-        t = self._tracker()
-        return t.share if t is not None else (0, 1)
+        s = self._view.snapshot()
+        return s.share if s is not None else (0, 1)
 
 
 class LocalSlot:

@@ -80,6 +80,7 @@ class PeerMesh:
         self._snapshot_sent_at = 0.0
         self.snapshot_writer = SnapshotWriter(cfg.snapshot_max_rows)
         self._summary_rule = SummarySendRule()  # which heartbeats carry this region's prefix summary
+        self.summary_skipped = 0  # heartbeats sent without the summary: its build met a changing index
         self._tasks: List[asyncio.Task] = []
         self._open_until: Dict[str, float] = {}  # peer -> monotonic time its circuit closes again
         self._failures: Dict[str, int] = {}
@@ -155,14 +156,16 @@ class PeerMesh:
 
     def _prefix_summary(self):
         """This region's prefix summary (``RegionRouter.prefix_summary``: GeoPrefix's cost selector
-        publishes one), or None. It reads the router's live index from this thread: a read racing a
-        mutation raises, and the summary waits for the next heartbeat."""
-        for _ in range(3):
-            try:
-                return self.router.prefix_summary()
-            except Exception:  # noqa: BLE001 - a racing read
-                continue
-        return None
+        publishes one), or None. It is rebuilt when the index's change mark moved, from the prefix
+        index the router's snapshot names -- the one structure the router shares rather than copies
+        (``serve/router_snapshot.py``). A build that meets the router changing the index fails once:
+        counted (``summary_skipped``), logged, and this heartbeat goes without it; no retry."""
+        try:
+            return self.router.prefix_summary()
+        except (RuntimeError, KeyError, IndexError) as e:  # the index changed under the walk
+            self.summary_skipped += 1
+            logger.debug("region %s: prefix summary skipped this heartbeat: %r", self.region, e)
+            return None
 
     def _on_table(self, table: dict, made_at: float) -> None:
         for ps in peer_states_from_table(table, made_at, self.region):

@@ -107,27 +107,27 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
     # ------------------------------------------------------------ the region layer
     def decide(self, rreq: RouteRequest, waiting: Optional[Hashable] = None) -> RegionDecision:
         """``RegionRouter.decide`` with this LB's queue ahead set (``waiting``: the request's key in the
-        admission queue; None: a newcomer). The local policy is read live from the router's thread: a
-        read racing a mutation raises (e.g. a dict resized during iteration), so retry; if it keeps
-        failing, decide by local availability alone (never fail the request on the region layer's
-        estimate)."""
-        err = None
-        for _ in range(3):
-            try:
-                sel = self.router.selector
-                if sel is not None and (sel.config.forward_before_saturation or self.local.local_slots() <= 0):
-                    # the queue ahead only enters the stay cost: priced when the local layer has no free
-                    # slot, or on every decision when the selector forwards before saturation
-                    self.set_queue_ahead(waiting)
-                d = self.router.decide(rreq, _now())
-                if d.kind != "local":
-                    k = f"{d.kind}:{d.reason}"
-                    self.decisions[k] = self.decisions.get(k, 0) + 1
-                return d
-            except Exception as e:  # noqa: BLE001
-                err = e
-        self.counts["decide_errors"] += 1
-        logger.warning("region %s: decide failed 3 times (%r); deciding by local availability", self.region, err)
+        admission queue; None: a newcomer). The local layer answers from the router's published
+        snapshot (``local_view.py``), so there is no racing read to retry. If the region layer fails
+        anyway (a bug), the failure is counted (``decide_errors``), logged, and the request is decided
+        by local availability alone: never failed on the region layer's estimate."""
+        try:
+            sel = self.router.selector
+            if sel is not None and (sel.config.forward_before_saturation or self.local.local_slots() <= 0):
+                # the queue ahead only enters the stay cost: priced when the local layer has no free
+                # slot, or on every decision when the selector forwards before saturation
+                self.set_queue_ahead(waiting)
+            d = self.router.decide(rreq, _now())
+        except Exception as e:  # noqa: BLE001 - counted and logged; the request is decided below
+            self.counts["decide_errors"] += 1
+            logger.warning("region %s: decide failed (%r); deciding by local availability", self.region, e)
+            return self._decide_by_availability(rreq)
+        if d.kind != "local":
+            k = f"{d.kind}:{d.reason}"
+            self.decisions[k] = self.decisions.get(k, 0) + 1
+        return d
+
+    def _decide_by_availability(self, rreq: RouteRequest) -> RegionDecision:
         allowed = self.router.allowed_regions_of(rreq)  # the tenant's regions too, as decide applies them
         if allowed is not None and self.region not in allowed:
             # residency holds on the fallback too: never local outside allowed_regions; wait for a
@@ -155,18 +155,13 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
 
     def heartbeat_extra(self) -> dict:
         """This region's cost-selector inputs for its peers, as the simulator's ``RegionRouter.heartbeat``
-        computes them over the live local policy: ``replicas``, ``inflight`` (this router's requests in
+        computes them over its local policy: ``replicas``, ``inflight`` (this router's requests in
         flight), ``t_p_s`` (the pooled t_p, floor applied) and ``queued_tokens`` (this LB's queue).
-        Empty until the GeoPrefixRouter exists (nothing to report)."""
-        if self.local.policy() is None:
+        Empty until the GeoPrefixRouter exists (nothing to report). Read from its published snapshot."""
+        if self.local.snapshot() is None:
             return {}
         sel = self.router.selector or CostSelector()
-        for _ in range(3):
-            try:
-                return sel.heartbeat_extra(self.router, self.lb_queued_tokens())
-            except Exception:  # noqa: BLE001 - a racing read: try again, else send none this time
-                continue
-        return {}
+        return sel.heartbeat_extra(self.router, self.lb_queued_tokens())
 
     def local_report(self) -> dict:
         """This region's figures for its heartbeat (:meth:`PeerMesh.heartbeat`)."""

@@ -42,9 +42,12 @@ def test_the_ingress_view_is_a_local_layer_delegating_to_the_live_policy():
 
     cfg = IngressConfig(region="us", registry=None, two_layer={"remote": "cost", "cost": GEOPREFIX_COST})
     geo = build_policy("geoprefix", targets=["r1"])
-    view = _LocalView(cfg.local_availability,
-                      lambda: type("R", (), {"policy": geo, "num_available": lambda self: 0,
-                                           "free_slots": lambda self: 0})())
+    from ray_geolb.serve.router_snapshot import snapshot_of
+
+    router = type("R", (), {"policy": geo, "num_available": lambda self: 0, "free_slots": lambda self: 0,
+                            "queue_len": lambda self: 0, "queued_tokens": lambda self: 0.0})()
+    router.snapshot = snapshot_of(router)  # what the GeoPrefixRouter publishes after each event
+    view = _LocalView(cfg.local_availability, lambda: router)
     assert isinstance(view, LocalLayer)
     assert view.index is geo.index and view.mean_prompt_tokens == geo.mean_prompt_tokens
     assert view.region_t_p() == geo.region_t_p() and view.queued_tokens("r1") == geo.queued_tokens("r1")
