@@ -113,7 +113,7 @@ def unguarded(source: str, filename: str = "<test>") -> List[str]:
 
 
 # The SP-P dispatch test as it was (tests/test_simulator.py, then tests/sim/test_simulator_events_and_
-# conservation.py before issue 14): its scenario produced no waiting report, so dispatch_ok stayed empty.
+# conservation.py, earlier): its scenario produced no waiting report, so dispatch_ok stayed empty.
 OLD_DISPATCH_TEST = '''
 def test_sp_p_policy_sees_the_engine_reports_late_and_respects_them():
     wl = tot(2, clients={"us": 40}, seed=0)

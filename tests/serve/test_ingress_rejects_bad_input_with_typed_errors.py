@@ -441,7 +441,7 @@ def test_a_stream_whose_consumer_stops_asking_closes_itself_and_returns_its_slot
     assert closed == [1] and cancelled == [1] and stream.consumer_gone
 
 
-# ---------------------------------------------------------------------------------------------- issue 24: one rule
+# ---------------------------------------------------------------------------------------------- one rule
 def test_both_token_fields_are_checked_and_the_effective_value_is_written_to_both():
     e = status_of(chat("hi", max_tokens=4, max_completion_tokens=40))
     assert e.status == 400 and e.param == "max_completion_tokens" and "disagree" in e.message
@@ -490,7 +490,7 @@ def test_the_protocol_objects_take_the_normalised_body_and_the_emulated_engine_n
         output_limit({"n": 2})
 
 
-# ---------------------------------------------------------------------------------------------- issue 24: no 500
+# ---------------------------------------------------------------------------------------------- no 500
 def test_a_surrogate_in_model_is_a_404_rendered_as_valid_utf8_json():
     raw = b'{"model": "m\\ud800x", "messages": [{"role": "user", "content": "hi"}]}'
     e = status_of(raw)
@@ -529,7 +529,7 @@ def test_duplicate_keys_take_the_last_value_and_it_is_the_one_checked():
     assert parse(raw).max_tokens == 4
 
 
-# ---------------------------------------------------------------------------------------------- issue 24: size first
+# ---------------------------------------------------------------------------------------------- size first
 def _request(body_chunks, headers):
     from starlette.requests import Request
 
@@ -572,7 +572,7 @@ def test_a_body_without_content_length_is_read_with_a_running_cap():
     assert asyncio.run(read_body(req, 64 * 1024)) == b'{"a": 1}'
 
 
-# ---------------------------------------------------------------------------------------------- issue 24: smaller
+# ---------------------------------------------------------------------------------------------- smaller
 def test_the_deadline_runs_from_arrival_not_from_parsing():
     import time
 

@@ -328,7 +328,7 @@ def test_prefix_summaries_are_relayed_per_region_validated_and_bounded():
     assert t["prefix_summaries"] == {}
 
 
-# ------------------------------------------------------------------ flooding (issue 24)
+# ------------------------------------------------------------------ flooding
 REAL = ("us", "eu", "asia")
 #: the bound the docs state for a three-region deployment's registry (RegistryState.table_bound_bytes)
 THREE_REGION_TABLE_BOUND = 67_121

@@ -167,7 +167,7 @@ def _hostile_bodies():
                   "stream": st.one_of(st.booleans(), anyjson),
                   "allowed_regions": st.one_of(st.just(["us"]), anyjson),
                   "temperature": anyjson, "tools": anyjson, "n": anyjson})
-    # issue 24: a lone surrogate in any string field, integers past Python's 4,300-digit parse limit,
+    # a lone surrogate in any string field, integers past Python's 4,300-digit parse limit,
     # duplicate keys, and both output-length fields (agreeing, disagreeing, over the limit), n
     surrogate = st.sampled_from(["\\ud800", "\\udfff", "a\\udc80b", "\\ud83d"])  # JSON escapes, raw in the body
     huge_int = st.integers(4000, 6000).map(lambda d: "9" * d)
@@ -244,7 +244,7 @@ def test_fuzzed_bodies_and_headers_get_a_typed_answer_never_a_500_or_a_hang(geo)
     assert 500 not in seen, seen
 
 
-#: the most a hostile body of issue 24 may take to get its typed 4xx from the real ingress (seconds).
+#: the most a hostile body may take to get its typed 4xx from the real ingress (seconds).
 #: Measured on a 2-core machine: 0.007-0.012 s for the small bodies, 0.09-0.11 s for the 50 MB ones
 #: (which took 1.0 s when the body was read whole before the 413); the bound leaves room for a loaded CI.
 HOSTILE_BOUND_S = 5.0
@@ -316,7 +316,7 @@ def test_hostile_bodies_get_a_typed_4xx_within_a_bound_and_output_never_exceeds_
         assert after["counters"]["requests"] > 0
         # and the ingress is healthy afterwards
         assert c.get(f"{geo}/us/healthz").json()["status"] == "ok"
-    print("issue 24 bodies, seconds to the typed 4xx:", {k: round(v, 3) for k, v in timings.items()})
+    print("hostile bodies, seconds to the typed 4xx:", {k: round(v, 3) for k, v in timings.items()})
 
 
 # ---------------------------------------------------------------------------------------------- routing
@@ -804,7 +804,7 @@ def test_prometheus_metrics_after_traffic(geo):
     assert got["latency"] >= 6
     assert 0 < got["rtt_eu"] < 5 and 0 <= got["hb_age"] < 10 and got["nodes"] >= 1
     assert got["forwards"] is None or got["forwards"] >= 1  # earlier tests forwarded us -> peers
-    # pre-registered at 0 (issue 24): outcomes that may never have fired still have a series
+    # pre-registered at 0: outcomes that may never have fired still have a series
     assert value(s, "ray_geolb_ingress_rejections_total", region="us", reason="forward_failed") is not None
     assert value(s, "ray_geolb_ingress_requests_total", region="us", route="error", reason="stream_failed") is not None
     bad = [k for k, v in s.items() if v != v or v < 0]  # NaN or negative
