@@ -9,29 +9,18 @@ distinct clocks, same ages, same costs."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
+from fakes import fake_replica, offline_router
 
 from ray_geolb.policy import ReplicaStats, RouteRequest, build_policy
 from ray_geolb.policy.region import GEOPREFIX_COST, PeerState, RegionRouter, TwoLayerConfig
 from ray_geolb.serve import clock
 from ray_geolb.serve.ingress import IngressConfig, RequestPath
-from ray_geolb.serve.router import GeoPrefixRouter
 
 AGE_S = 600.0
 DOC = "a shared 3,000-character system prompt about routing requests between regions. " * 40
 QUESTION = DOC + "and now a question"
 COST = GEOPREFIX_COST.model_copy(update={"match_half_life_s": 300.0})
-
-
-class _Router(GeoPrefixRouter):
-    def __init__(self):  # no Ray: initialize_state only
-        self._deployment_id = None
-
-
-def _rep(uid, stats):
-    return SimpleNamespace(replica_id=SimpleNamespace(unique_id=uid), replica_metadata={}, routing_stats=stats)
 
 
 def _busy(now: float) -> dict:
@@ -40,10 +29,9 @@ def _busy(now: float) -> dict:
 
 def _ingress_stay_cost(age_s: float) -> float:
     """The stay cost the real ingress computes for QUESTION when DOC reached replica a ``age_s`` ago."""
-    router = _Router()
-    router.initialize_state()
+    router = offline_router()
     now = clock.policy_now()
-    router._sync([_rep("a", _busy(now)), _rep("b", _busy(now))])  # saturated: layer 1 prices a forward
+    router._sync([fake_replica("a", _busy(now)), fake_replica("b", _busy(now))])  # saturated: layer 1 prices a forward
     # what RequestBook.routed does when the router dispatched DOC: stamp the tree on the policy clock
     router.policy.on_dispatch(RouteRequest(request_id="doc", text=DOC), "a", now - age_s)
     router.policy.on_complete("doc", "a", now - age_s + 1.0)

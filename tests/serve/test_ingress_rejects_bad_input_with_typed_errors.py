@@ -209,29 +209,20 @@ def test_a_stream_that_stalls_after_its_first_token_ends_with_a_typed_error():
 
 # ---------------------------------------------------------------------------------------------- bounds and 429s
 def test_a_full_router_queue_is_429_like_a_full_ingress_queue_and_bounds_tokens_too():
-    from ray.serve._private.common import RequestMetadata
-    from ray.serve._private.request_router.common import PendingRequest
+    from fakes import offline_router, pending_request
 
     from ray_geolb.policy import RouteRequest
     from ray_geolb.serve.errors import RouterQueueFull
     from ray_geolb.serve.ingress.errors import as_http_error
     from ray_geolb.serve.request_book import Entry
-    from ray_geolb.serve.router import GeoPrefixRouter
 
-    class _Router(GeoPrefixRouter):
-        def __init__(self):  # no Ray: initialize_state only
-            self._deployment_id = None
-
-    r = _Router()
-    r.initialize_state(region="us", queue_bound=None, queue_bound_tokens=500)
+    r = offline_router(region="us", queue_bound=None, queue_bound_tokens=500)
     held = RouteRequest(request_id="h0", text="y" * 4 * 600)  # 600 prompt tokens already waiting
     r.book.held[held.request_id] = Entry(held, None, 0.0)
     r._pending_requests_by_id = {"h0": 1}
 
     async def arrive():
-        pr = PendingRequest(args=[{"prompt": "new"}], kwargs={},
-                            metadata=RequestMetadata(request_id="s1", internal_request_id="i1"))
-        return await r._choose_replica_for_request(pr)
+        return await r._choose_replica_for_request(pending_request({"prompt": "new"}, "s1", "i1"))
 
     with pytest.raises(RouterQueueFull, match="queue_bound_tokens 500") as e:
         asyncio.run(arrive())
@@ -239,7 +230,7 @@ def test_a_full_router_queue_is_429_like_a_full_ingress_queue_and_bounds_tokens_
     assert err.status == 429 and err.type == "router_queue_full" and err.retry_after_s == 1.0
     assert r.counters["queue_full"] == 1 and r.metrics.total("geolb_router_rejections_total", "queue_full") == 1
     with pytest.raises(ValueError, match="queue_bound_tokens"):
-        _Router().initialize_state(queue_bound_tokens=0)
+        offline_router(queue_bound_tokens=0)
 
 
 def test_an_ingress_at_max_concurrent_answers_429():
