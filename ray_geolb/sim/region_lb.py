@@ -18,7 +18,7 @@ the clients; the LB reaches them through ``sim.now``, ``sim.push``, ``sim.one_wa
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, List, Optional
+from typing import Any, Dict, List, Optional, Protocol
 
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.heartbeat import heartbeat_message
@@ -28,10 +28,32 @@ from ray_geolb.policy.region.router import RegionDecision, RegionRouter
 
 from .events import LB_ARRIVE, LB_TIMEOUT, PING_REPLY, REG_ARRIVE, REP_ARRIVE, RTT_PROBE
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .simulator import Simulator
+__all__ = ["LBDriver", "RegionLB"]
 
-__all__ = ["RegionLB"]
+
+class LBDriver(Protocol):
+    """What a :class:`RegionLB` needs from the simulation that drives it (``sim/simulator.py``'s
+    ``Simulator``): the virtual clock and event heap, the network's one-way delays, the counters and the
+    region layer's settings, the other LBs and the replicas, and where a refused or rejected request
+    goes. Written here so the LB does not import the simulator (no import circle)."""
+
+    now: float
+    settings: Any
+    c: Dict[str, Any]
+    trace: Any
+    lbs: Dict[str, "RegionLB"]
+    replicas: Dict[str, Any]
+    registry_region: Optional[str]
+
+    def push(self, t: float, kind: int, a=None, b=None) -> None: ...
+
+    def one_way(self, a: str, b: str) -> float: ...
+
+    def count(self, key: str) -> None: ...
+
+    def refuse(self, req, reason: str) -> None: ...
+
+    def reject(self, req, reason: str) -> None: ...
 
 
 def _prompt_tokens(req) -> int:
@@ -45,7 +67,7 @@ class RegionLB:
     __slots__ = ("sim", "name", "region", "router", "queue", "peers", "policy", "ingress", "rule", "reg_delay",
                  "summary_rule")
 
-    def __init__(self, sim: "Simulator", name: str, region: str, router: RegionRouter, ingress: bool = False):
+    def __init__(self, sim: LBDriver, name: str, region: str, router: RegionRouter, ingress: bool = False):
         self.sim = sim
         self.name = name
         self.region = region
