@@ -4,20 +4,23 @@ Kept light on purpose: importing ``ray_geolb.serve`` imports nothing heavy. Impo
 you need (``ray_geolb.serve.router`` imports ``ray.serve``; ``ray_geolb.serve.llm_server`` imports
 ``ray.serve.llm``).
 
-This module also holds the per-process router registry. It lives here, not in ``router.py``, because
-Ray Serve cloudpickles a custom router class *together with its module by value*: in a replica
-process the router class is a copy with its own module globals, so a registry defined in router.py
-would be invisible to other code in that process. ``ray_geolb.serve`` is imported by reference,
-so every copy of the router class writes to this one registry.
+This module also holds the per-process router registry and :class:`CallTicket` (the id of a model
+call, carrying its RouteRequest from the ingress to the router and the decision back). They live
+here, not in ``router.py``, because Ray Serve cloudpickles a custom router class *together with its
+module by value*: in a replica process the router class is a copy with its own module globals, so
+a registry defined in router.py would be invisible to other code in that process.
+``ray_geolb.serve`` is imported by reference, so every copy of the router class writes to this one
+registry and knows this one ticket class.
 """
 
 from __future__ import annotations
 
 import threading
+import uuid
 import weakref
 from typing import Any, List, Optional, Tuple
 
-__all__ = ["hand_over", "register_router", "routers", "router_for", "take_over", "withdraw"]
+__all__ = ["CallTicket", "handed_count", "register_router", "routers", "router_for"]
 
 _LOCK = threading.Lock()
 # (app_name, deployment_name) -> list of weak references, oldest first
@@ -54,31 +57,53 @@ def router_for(app_name: str, deployment_name: str) -> Optional[Any]:
     return rs[-1] if rs else None
 
 
-# ---------------------------------------------------------------------------------------------- hand-over
+# ---------------------------------------------------------------------------------------------- the call's ticket
 # The region ingress canonicalises each prompt (and may hash it into the local index's blocks while
 # it prices staying); the GeoPrefixRouter of the same process would do both again for the same
-# call. The ingress hands its RouteRequest over under an id it minted for the call (LocalSlot.call_id,
-# sent as the request object's ``request_id``; never the client's x-request-id, which two requests
-# may share), the router takes it when it first sees that call (request_book.py), and the ingress
-# withdraws it when the call ends whatever happened, so nothing stays here. Plain dict operations:
-# atomic under the GIL.
-_HANDED: dict = {}
+# call, and the ingress wants the router's placement back for its response. Both travel with the
+# call: the id the ingress mints for it is a CallTicket, sent as the request object's ``request_id``
+# (never the client's x-request-id, which two requests may share). Ray hands the router the very
+# request object the ingress passed to the handle (same process), so the router reads the ticket's
+# RouteRequest when it first sees the call (``take``) and writes its decision on it when the call is
+# routed. Pickled -- to the replica -- a ticket is its plain id: nothing of the ingress leaves it.
+_LOCK_HANDED = threading.Lock()
+_N_HANDED = 0  # tickets whose RouteRequest is neither taken nor withdrawn (leak checks)
 
 
-def hand_over(call_id: Optional[str], route_request: Any) -> None:
-    if call_id:
-        _HANDED[call_id] = route_request
+class CallTicket(str):
+    """One model call's id, minted by the ingress (a random hex string), carrying the call's
+    ``route_request`` to the router (taken once: :meth:`take`; dropped when the call ends:
+    :meth:`withdraw`) and the router's ``decision`` back (replica, reason, matched, queue wait)."""
 
+    __slots__ = ("route_request", "decision")
 
-def take_over(call_id: Optional[str]) -> Optional[Any]:
-    return _HANDED.pop(call_id, None) if call_id else None
+    def __new__(cls, route_request: Any = None) -> "CallTicket":
+        global _N_HANDED
+        t = super().__new__(cls, uuid.uuid4().hex)
+        t.route_request = route_request
+        t.decision = None
+        if route_request is not None:
+            with _LOCK_HANDED:
+                _N_HANDED += 1
+        return t
 
+    def __reduce__(self):
+        return (str, (str(self),))  # pickled as the plain id (the replica, vLLM's request name)
 
-def withdraw(call_id: Optional[str]) -> None:
-    if call_id:
-        _HANDED.pop(call_id, None)
+    def take(self) -> Optional[Any]:
+        """The RouteRequest the ingress prepared, the first time (None after, or without one)."""
+        global _N_HANDED
+        with _LOCK_HANDED:
+            rr, self.route_request = self.route_request, None
+            if rr is not None:
+                _N_HANDED -= 1
+        return rr
+
+    def withdraw(self) -> None:
+        """The call ended: drop the RouteRequest if the router never took it."""
+        self.take()
 
 
 def handed_count() -> int:
-    """Prompts handed over and not yet taken or withdrawn (0 when idle; leak checks)."""
-    return len(_HANDED)
+    """Route requests handed over and not yet taken or withdrawn (0 when idle; leak checks)."""
+    return _N_HANDED

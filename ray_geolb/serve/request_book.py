@@ -10,8 +10,9 @@ completion (one owner for all of it, so every path that ends a request returns e
 * an **in-flight** record once routed (confirmed by ``on_request_routed``), until
   ``on_request_completed`` (which Ray may call first, for a request answered at once: see
   :meth:`RequestBook.completed`);
-* a line in the bounded **decision log** (which replica, why, matched prefix, wait), read by the
-  region ingress for its response.
+* a line in the bounded **decision log** (which replica, why, matched prefix, wait); the region
+  ingress gets its call's line on the call's :class:`~ray_geolb.serve.CallTicket`, which also
+  brought the ingress's prepared ``RouteRequest`` (:meth:`RequestBook.new_entry`).
 
 :meth:`RequestBook.forget` drops every trace of a request that will not be routed (failed, cancelled,
 timed out); :meth:`RequestBook.completed` ends one that was.
@@ -24,10 +25,10 @@ import time
 from collections import OrderedDict
 from typing import Any, Dict, Optional
 
-import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import RouteRequest, canonical_text
 from ray_geolb.policy.canonical import PromptFormatError
 from ray_geolb.policy.hold_queue import HoldQueue
+from ray_geolb.serve import CallTicket
 from ray_geolb.serve.clock import policy_now
 
 __all__ = ["Entry", "RequestBook", "extract_prompt_text"]
@@ -35,14 +36,15 @@ __all__ = ["Entry", "RequestBook", "extract_prompt_text"]
 _DONE_FIRST_KEEP_S = 5.0  # how long a completion that came before its on_request_routed waits for it
 
 
-def call_key(pr) -> Optional[str]:
-    """The region ingress's id for this model call -- the request object's ``request_id``, which the
-    ingress sets to the id its ``LocalSlot`` minted -- or None (no such field: a plain call). A
-    hand-over is only ever stored under a minted id, so an id a client chose matches none."""
+def call_ticket(pr) -> Optional[CallTicket]:
+    """The region ingress's ticket for this model call -- the request object's ``request_id``, which
+    the ingress sets to the :class:`~ray_geolb.serve.CallTicket` its ``LocalSlot`` minted, and which
+    reaches this router as the same object (same process) -- or None: a plain call, or an id a
+    client chose (a plain string is never a ticket)."""
     args = getattr(pr, "args", None)
     first = args[0] if args else None
     rid = None if first is None or isinstance(first, dict) else getattr(first, "request_id", None)
-    return rid if isinstance(rid, str) and rid else None
+    return rid if isinstance(rid, CallTicket) else None
 
 
 def extract_prompt_text(args, kwargs) -> Optional[str]:
@@ -126,7 +128,8 @@ class RequestBook:
         md = pr.metadata
         if self._done_first:
             self._done_first.pop(md.internal_request_id, None)  # routed again (a retry): that send is over
-        handed = _serve_pkg.take_over(call_key(pr))  # the region ingress's, same process
+        ticket = call_ticket(pr)
+        handed = None if ticket is None else ticket.take()  # the region ingress's, same process
         if handed is not None:
             text = handed.text  # canonicalised once per hop, by the ingress
             self.counters["handed_over"] += 1
@@ -256,7 +259,7 @@ class RequestBook:
         if done_first is not None:
             self.counters["completed_before_routed"] = self.counters.get("completed_before_routed", 0) + 1
         self.counters["routed"] += 1
-        self._log_decision(md, iid, {
+        rec = {
             "replica": target,
             "matched": ent.matched if picked == target else 0,
             "reason": ent.reason if picked == target or ent.fallback else "ray_reassigned",
@@ -266,14 +269,16 @@ class RequestBook:
             "fallback": ent.fallback,
             "request_id": md.request_id,
             "internal_request_id": iid,
-        }, call_key(pr))
+        }
+        self._log_decision(md, iid, rec)
+        ticket = call_ticket(pr)
+        if ticket is not None:  # back to the region ingress, with its call
+            ticket.decision = rec
         return ent.req
 
-    def _log_decision(self, md, iid: str, rec: dict, call: Optional[str] = None) -> None:
+    def _log_decision(self, md, iid: str, rec: dict) -> None:
         dec = self.decisions
         dec[iid] = rec
-        if call:  # the region ingress's id for the call (what its LocalView looks up)
-            dec[call] = rec
         if md.request_id and md.request_id != iid:
             dec[md.request_id] = rec
         while len(dec) > self._decision_log_size:

@@ -1,6 +1,6 @@
 """One hop canonicalises and hashes a prompt once: the region ingress hands its RouteRequest to the
-GeoPrefixRouter of the same process (``ray_geolb.serve.hand_over``, keyed by the id its LocalSlot
-minted for the call and sent as the request object's ``request_id`` -- never the client's
+GeoPrefixRouter of the same process on the id its LocalSlot minted for the call (a
+``ray_geolb.serve.CallTicket``, sent as the request object's ``request_id`` -- never the client's
 ``x-request-id``), the router's RequestBook takes it instead of extracting the prompt from the call again,
 and whatever ends the call, nothing is left behind. No cluster: the router runs ``initialize_state``
 only and the calls are Ray's own ``PendingRequest`` / ``RequestMetadata`` objects."""

@@ -61,8 +61,8 @@ class LocalCalls:
         """Run a request on this region's model deployment. The local slot each call takes (its minted
         ``call_id`` in the view's ``unrouted`` set until the router places it, then :meth:`local_done`
         when it leaves) is owned by a :class:`LocalSlot` and returned on every path, cancellation
-        included. ``rreq`` (the prompt canonicalised, maybe hashed, here) is handed over to the router
-        for the call, under the slot's ``call_id``.
+        included. ``rreq`` (the prompt canonicalised, maybe hashed, here) travels to the router with
+        the call, on the slot's ``call_id`` (a ``CallTicket``), which brings the router's decision back.
 
         A replica that dies before anything reached the client (a Ray actor error before the first
         token, or before a non-streamed response) is retried once on whichever replica the router
@@ -99,7 +99,7 @@ class LocalCalls:
         finally:
             slot.release()
         self.served_ids.append(ctx.request_id)
-        return self._local_meta(ctx, d, wait_ms, slot.call_id), res
+        return self._local_meta(ctx, d, wait_ms, slot), res
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         gen = None
@@ -126,7 +126,7 @@ class LocalCalls:
         slot.routed()
         self.served_ids.append(ctx.request_id)
         try:
-            meta = self._local_meta(ctx, d, wait_ms, slot.call_id)
+            meta = self._local_meta(ctx, d, wait_ms, slot)
         except BaseException:
             cancel_quietly(gen)
             slot.release()
@@ -134,8 +134,8 @@ class LocalCalls:
         return meta, TokenStream(gen, first, on_close=slot.release, idle_timeout_s=self.cfg.stream_idle_timeout_s,
                                  where=f"region {self.region}")
 
-    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, call_id: str) -> dict:
-        info = self.local.decision(call_id)
+    def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot) -> dict:
+        info = slot.decision  # the router's, on the call's ticket
         meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
                 "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
         if info:

@@ -11,12 +11,12 @@ as its local layer exactly as the simulator's RegionRouter uses a policy.
 
 from __future__ import annotations
 
-import uuid
 import weakref
 from typing import Any, Callable, Optional
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy.base import Decision
+from ray_geolb.serve import CallTicket
 from ray_geolb.serve.router_snapshot import RouterSnapshot
 
 __all__ = ["LocalSlot", "LocalView", "TrackerView", "geo_router_of"]
@@ -107,8 +107,8 @@ class LocalView:
         if r is None:
             return 1  # the router is created lazily on the first request: assume available
         n = count(r.snapshot)
-        if self.unrouted:  # the ingress's own set; the router's decision log is read one key at a time
-            n -= sum(1 for rid in self.unrouted if r.decision(rid) is None)
+        if self.unrouted:  # the router writes its decision on the call's ticket when it placed it
+            n -= sum(1 for ticket in self.unrouted if ticket.decision is None)
         return max(0, n)
 
     def router_queue_len(self) -> int:
@@ -120,12 +120,6 @@ class LocalView:
         """Their prompt tokens."""
         s = self._counted()
         return 0.0 if s is None else s.queued_tokens
-
-    def decision(self, request_id: str) -> Optional[dict]:
-        """The router's placement of a call (by its slot's ``call_id``): replica, reason, matched,
-        queue wait; or None."""
-        r = self.geo_router()
-        return None if r is None else r.decision(request_id)
 
     def router_present(self) -> bool:
         return self.geo_router() is not None
@@ -149,8 +143,7 @@ class LocalView:
     def take_slot(self, request_id: str, on_done: Callable[[], None], route_request: Any = None) -> "LocalSlot":
         """The local slot a request sent to the model handle takes (see :class:`LocalSlot`; send the
         call with its ``call_id``). With ``route_request`` (its prompt already canonicalised here), the
-        slot also hands it over to the router of this process for the duration of the call
-        (``ray_geolb.serve.hand_over``, keyed by ``call_id``)."""
+        call's ticket carries it to the router of this process (``ray_geolb.serve.CallTicket``)."""
         return LocalSlot(self, request_id, on_done, route_request)
 
     # ------------------------------------------------------------ LocalLayer
@@ -235,27 +228,30 @@ class TrackerView:
 class LocalSlot:
     """The local capacity one model call holds: its :attr:`call_id` in the view's ``unrouted`` set
     until the router has placed it (:meth:`routed`), and the slot it frees when it leaves
-    (:meth:`release`: ``on_done``, exactly once, whatever path ends the request). A route request
-    handed over to the router is withdrawn on release too (the router normally took it already).
+    (:meth:`release`: ``on_done``, exactly once, whatever path ends the request).
 
-    ``call_id`` is minted here, one per model call: the ingress sends it as the request object's
-    ``request_id`` (``ModelClient``), the router takes the hand-over and logs its decision under it.
-    It is never the client's ``x-request-id``, so two concurrent requests that send the same id
-    cannot swap prompts or placements."""
+    ``call_id`` is a :class:`~ray_geolb.serve.CallTicket` minted here, one per model call: the
+    ingress sends it as the request object's ``request_id`` (``ModelClient``); it carries the
+    ``route_request`` to the router of this process and brings the router's decision back
+    (:attr:`decision`). It is never the client's ``x-request-id``, so two concurrent requests that
+    send the same id cannot swap prompts or placements. A route request the router never took is
+    withdrawn on release."""
 
-    __slots__ = ("_view", "_rid", "_on_done", "_released", "_handed", "call_id")
+    __slots__ = ("_view", "_rid", "_on_done", "_released", "call_id")
 
     def __init__(self, view: LocalView, request_id: str, on_done: Callable[[], None], route_request: Any = None):
         self._view = view
         self._rid = request_id  # the request's own id (logs); the slot is keyed by call_id
-        self.call_id = uuid.uuid4().hex
+        self.call_id = CallTicket(route_request)
         self._on_done = on_done
         self._released = False
-        self._handed = None
         view.unrouted.add(self.call_id)
-        if route_request is not None:
-            self._handed = self.call_id
-            _serve_pkg.hand_over(self._handed, route_request)
+
+    @property
+    def decision(self) -> Optional[dict]:
+        """The router's placement of this call (replica, reason, matched, queue wait), or None (not
+        placed yet, or placed by a router that is not this process's GeoPrefixRouter)."""
+        return self.call_id.decision
 
     def routed(self) -> None:
         self._view.unrouted.discard(self.call_id)
@@ -264,5 +260,5 @@ class LocalSlot:
         if not self._released:
             self._released = True
             self._view.unrouted.discard(self.call_id)
-            _serve_pkg.withdraw(self._handed)
+            self.call_id.withdraw()
             self._on_done()

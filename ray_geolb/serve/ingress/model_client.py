@@ -70,8 +70,9 @@ class ModelClient:
 
     def stream(self, ctx: RequestContext, call_id: Optional[str] = None):
         """The server's response stream (a Ray streaming response); the caller owns and closes it.
-        ``call_id`` (the slot's) becomes the request object's ``request_id``: the router finds the
-        ingress's hand-over by it, and vLLM names its engine request after it."""
+        ``call_id`` (the slot's ``CallTicket``) becomes the request object's ``request_id``: the router
+        of this process reads the ingress's RouteRequest from it and writes its decision on it; the
+        replica gets the plain id, and vLLM names its engine request after it."""
         method = "chat" if ctx.kind == "chat" else "completions"
         return getattr(self.handle.options(stream=True), method).remote(self._request(ctx, call_id), None)
 
