@@ -10,22 +10,15 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from ray.serve._private.common import RequestMetadata
-from ray.serve._private.request_router.common import PendingRequest
+from fakes import offline_router, pending_request
 from ray.serve.context import _set_request_context, _unset_request_context
 
 import ray_geolb.serve as serve_pkg
 from ray_geolb.policy import RouteRequest, canonical_text
 from ray_geolb.serve.ingress.local_view import LocalView
-from ray_geolb.serve.router import GeoPrefixRouter
 
 BODY = {"messages": [{"role": "system", "content": "a long shared system prompt " * 50},
                      {"role": "user", "content": "and a question"}]}
-
-
-class _Router(GeoPrefixRouter):
-    def __init__(self):  # no Ray: initialize_state only
-        self._deployment_id = None
 
 
 class _Call:
@@ -36,11 +29,10 @@ class _Call:
         self.messages = body.get("messages")
 
 
-def _pending(serve_id: str, internal_id: str, body) -> PendingRequest:
+def _pending(serve_id: str, internal_id: str, body):
     """Ray's own pending request (its future needs an event loop: built on one)."""
     async def build():
-        md = RequestMetadata(request_id=serve_id, internal_request_id=internal_id)
-        return PendingRequest(args=[body], kwargs={}, metadata=md)
+        return pending_request(body, serve_id, internal_id)
 
     return asyncio.run(build())
 
@@ -54,8 +46,7 @@ def serve_call():
 
 
 def test_router_takes_the_ingress_prompt_and_its_hashes(serve_call):
-    router = _Router()
-    router.initialize_state()
+    router = offline_router()
     view = LocalView("router", lambda: router)
     rreq = RouteRequest(request_id="ing-1", text=canonical_text(BODY))
     prepared = rreq.prepared_for(router.policy.index)  # the ingress priced staying: it hashed already
@@ -70,8 +61,7 @@ def test_router_takes_the_ingress_prompt_and_its_hashes(serve_call):
 
 
 def test_a_call_the_router_never_saw_leaves_nothing(serve_call):
-    router = _Router()
-    router.initialize_state()
+    router = offline_router()
     view = LocalView("router", lambda: router)
     slot = view.take_slot("ing-2", lambda: None, RouteRequest(request_id="ing-2", text="x" * 400))
     assert serve_pkg.handed_count() == 1
@@ -81,8 +71,7 @@ def test_a_call_the_router_never_saw_leaves_nothing(serve_call):
 
 
 def test_without_a_hand_over_the_router_reads_the_call(serve_call):
-    router = _Router()
-    router.initialize_state()
+    router = offline_router()
     ent = router.book.new_entry(_pending("another-call", "internal-3", BODY))
     assert ent.req.text == canonical_text(BODY) and router.counters["handed_over"] == 0
 
@@ -90,8 +79,7 @@ def test_without_a_hand_over_the_router_reads_the_call(serve_call):
 def test_two_calls_with_the_same_client_request_id_keep_their_own_prompts(serve_call):
     """The client chose the Serve request id (``x-request-id``) of both calls: the hand-over is keyed
     by the ingress's minted ids, so neither takes the other's prompt."""
-    router = _Router()
-    router.initialize_state()
+    router = offline_router()
     view = LocalView("router", lambda: router)
     a, b = RouteRequest(request_id="c", text="prompt A " * 50), RouteRequest(request_id="c", text="prompt B " * 50)
     sa, sb = view.take_slot("c", lambda: None, a), view.take_slot("c", lambda: None, b)
