@@ -10,6 +10,10 @@ Configure it on the model deployment::
         "request_routing_stats_period_s": 0.5,
     }
 
+Every option, with its type, default, bounds and description, is a field of
+:class:`~ray_geolb.serve.router_options.RouterOptions`, validated once in ``initialize_state`` (a bad
+or unknown key raises a ``ValueError`` naming it).
+
 How it works (Ray 2.60; the traps are listed in the README's "Known traps"). Two helpers own the
 state: :class:`~ray_geolb.serve.replica_set.ReplicaSet` (which replicas are this region's, and their
 reports) and :class:`~ray_geolb.serve.request_book.RequestBook` (every request from its first
@@ -80,7 +84,7 @@ from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.ray_internals import RayRouterBase
 from ray_geolb.serve.replica_set import ReplicaSet
 from ray_geolb.serve.request_book import RequestBook, extract_prompt_text
-from ray_geolb.serve.router_options import check_kwargs, check_share, holder_share
+from ray_geolb.serve.router_options import RouterOptions, holder_share
 from ray_geolb.serve.router_snapshot import snapshot_of
 from ray_geolb.serve.router_telemetry import RouterTelemetry
 from ray_geolb.serve.router_views import RouterViews
@@ -89,54 +93,33 @@ __all__ = ["GeoPrefixRouter", "DEFAULT_POLICY", "extract_prompt_text"]
 
 #: The policy a GeoPrefixRouter uses when ``request_router_kwargs`` names none.
 DEFAULT_POLICY = "geoprefix"
-DECISION_LOG_SIZE = 10_000
 
 
 class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
     """Prefix-aware, selective-pushing, region-local request router (see the module docstring)."""
 
     # ------------------------------------------------------------------ setup
-    def initialize_state(
-        self,
-        policy: Any = None,
-        region: Optional[str] = None,
-        queue_bound: Optional[int] = 1024,
-        queue_bound_tokens: Optional[int] = None,
-        wait_limit_s: Optional[float] = 60.0,
-        retry_after_s: float = 1.0,
-        error_delivery: str = "wrap",
-        decision_log_size: int = DECISION_LOG_SIZE,
-        stats_seen_margin_s: float = 0.05,
-        headroom_share: Any = "auto",
-        load_signal_grace_s: float = 30.0,
-        reconcile_after_s: Optional[float] = 2.0,
-        _inject_error_every: int = 0,
-        **unknown,
-    ):
-        check_kwargs(unknown, queue_bound, wait_limit_s, error_delivery, region)
+    def initialize_state(self, **kwargs: Any):
+        """Serve passes ``request_router_kwargs`` here; they are validated once, as
+        :class:`~ray_geolb.serve.router_options.RouterOptions` (a bad key raises a ``ValueError`` naming it)."""
+        self.router_options = opts = RouterOptions(**kwargs)
         refuse_direct_streaming("GeoPrefixRouter")
-        self.policy_spec = DEFAULT_POLICY if policy is None else policy
+        self.policy_spec = DEFAULT_POLICY if opts.policy is None else opts.policy
         self.policy = build_policy(self.policy_spec)
         # Replica reports come from another process: a request dispatched just before a report was
         # measured may not have reached the engine's scheduler yet, so it must not count as seen by
         # that report (SP-P would grant its slot twice). Unless the policy config sets it, use the
         # router's transport margin.
         if "seen_margin_s" not in self.policy.config.availability.model_fields_set:
-            if not (isinstance(stats_seen_margin_s, (int, float)) and stats_seen_margin_s >= 0):
-                raise ValueError(f"GeoPrefixRouter: stats_seen_margin_s must be >= 0, got {stats_seen_margin_s!r}")
-            self.policy.set_seen_margin(float(stats_seen_margin_s))
+            self.policy.set_seen_margin(opts.stats_seen_margin_s)
         self.policy_name = self.policy.name
-        self.region = region
-        self.queue_bound = queue_bound
-        if queue_bound_tokens is not None and (isinstance(queue_bound_tokens, bool)
-                                               or not isinstance(queue_bound_tokens, int) or queue_bound_tokens < 1):
-            raise ValueError(f"GeoPrefixRouter: queue_bound_tokens must be a positive int or None, "
-                             f"got {queue_bound_tokens!r}")
-        self.queue_bound_tokens = queue_bound_tokens
-        self.wait_limit_s = None if wait_limit_s is None else float(wait_limit_s)
-        self.retry_after_s = float(retry_after_s)
-        self.error_delivery = error_delivery
-        self._inject_every = int(_inject_error_every or 0)
+        self.region = region = opts.region
+        self.queue_bound = opts.queue_bound
+        self.queue_bound_tokens = opts.queue_bound_tokens
+        self.wait_limit_s = opts.wait_limit_s
+        self.retry_after_s = opts.retry_after_s
+        self.error_delivery = opts.error_delivery
+        self._inject_every = opts.inject_error_every
         self._ncalls = 0
         self._rng = random.Random(0)
         self.counters: Dict[str, int] = {
@@ -144,16 +127,10 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
             "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0, "no_load_signal": 0,
             "handed_over": 0, "reconciled": 0,
         }
-        self.headroom_share = check_share(headroom_share)
-        if not (isinstance(load_signal_grace_s, (int, float)) and load_signal_grace_s > 0):
-            raise ValueError(f"GeoPrefixRouter: load_signal_grace_s must be > 0, got {load_signal_grace_s!r}")
-        self.load_signal_grace_s = float(load_signal_grace_s)
-        if reconcile_after_s is not None and (isinstance(reconcile_after_s, bool)
-                                              or not isinstance(reconcile_after_s, (int, float))
-                                              or not reconcile_after_s > 0):
-            raise ValueError(f"GeoPrefixRouter: reconcile_after_s must be > 0 or None, got {reconcile_after_s!r}")
-        self.reconcile_after_s = reconcile_after_s
-        self.book = RequestBook(self.policy, region, self.counters, decision_log_size)
+        self.headroom_share = opts.headroom_share
+        self.load_signal_grace_s = opts.load_signal_grace_s
+        self.reconcile_after_s = reconcile_after_s = opts.reconcile_after_s
+        self.book = RequestBook(self.policy, region, self.counters, opts.decision_log_size)
         on_idle = None if reconcile_after_s is None else (
             lambda uid, at: self.book.reconcile(uid, at, self.reconcile_after_s))
         self.replicas = ReplicaSet(self.policy, region, self.counters, self._log_error, on_idle=on_idle)
