@@ -6,8 +6,9 @@ A run is a plain dict (JSON-able, so it can be shipped to a Ray task)::
      "workload": {"name": "tot", "kw": {...}}, "sim": {"duration_s": 120, "seed": 0, ...},
      "deploy": {...DeploymentSpec overrides...}}
 
-and :func:`run_one` turns one into a metrics summary (see ``metrics.summarize``) plus ``ttft_cdf``
-(the 0th..100th TTFT percentiles, for plots). Everything is a pure function of the run dict.
+its fields typed by :class:`~ray_geolb.sim.run_spec.RunSpec`, and :func:`run_one` validates one as a
+``RunSpec`` and turns it into a metrics summary (see ``metrics.summarize``) plus ``ttft_cdf`` (the
+0th..100th TTFT percentiles, for plots). Everything is a pure function of the run dict.
 
 Scenarios (``SCENARIOS``):
 
@@ -266,14 +267,17 @@ def remap_regions(workload, mapping: Dict[str, str]):
     return workload
 
 
-def build_workload(spec: Dict[str, Any]):
+def build_workload(spec):
     """``{"name": workload name (see workloads.WORKLOAD_NAMES), "kw": {...}, "data_dir": optional,
-    "region_map": optional {workload region: network region}}``."""
+    "region_map": optional {workload region: network region}}`` (or a
+    :class:`~ray_geolb.sim.run_spec.WorkloadSpec`; a dict is validated as one)."""
+    from .run_spec import WorkloadSpec
     from .workloads import by_name
 
-    name = spec["name"]
-    kw = dict(spec.get("kw", {}))
-    data_dir = spec.get("data_dir")
+    spec = WorkloadSpec.model_validate(spec)
+    name = spec.name
+    kw = dict(spec.kw)
+    data_dir = spec.data_dir
     if data_dir and "path" not in kw:
         base, _, arg = name.partition(":")
         if base == "conversation":
@@ -285,28 +289,32 @@ def build_workload(spec: Dict[str, Any]):
         elif base == "diurnal" and arg == "tot":
             kw["path"] = _data_file(data_dir, "gsm8k")
     w = by_name(name, **kw)
-    if spec.get("region_map"):
-        w = remap_regions(w, spec["region_map"])
+    if spec.region_map:
+        w = remap_regions(w, spec.region_map)
     return w
 
 
 def run_one(run: Dict[str, Any], progress=None) -> Dict[str, Any]:
-    """Simulate one run dict and return its summary (+ ``label``, ``group``, ``ttft_cdf``)."""
+    """Simulate one run dict and return its summary (+ ``label``, ``group``, ``ttft_cdf``). The dict is
+    validated first as a :class:`~ray_geolb.sim.run_spec.RunSpec` (a bad one raises a ``ValueError``
+    naming the field); the summary's ``run`` records the dict as given."""
     from ray_geolb.percentile import percentile
 
     from .deploy import deployment_for
     from .metrics import summarize
-    from .simulator import SimConfig, simulate
+    from .run_spec import RunSpec
+    from .simulator import simulate
 
-    wl = build_workload(run["workload"])
-    dep = deployment_for(run["system"], run["replicas"], **dict(run.get("deploy") or {}))
-    res = simulate(wl, dep, SimConfig(**run["sim"]), progress=progress)
+    spec = RunSpec.model_validate(run)
+    wl = build_workload(spec.workload)
+    dep = deployment_for(spec.system, spec.replicas, **spec.deploy)
+    res = simulate(wl, dep, spec.sim, progress=progress)
     m = summarize(res)
     # the plotted CDF: the 0th..100th percentiles, by the project's one percentile definition
     ttft = [r[1] for r in res.requests]
     m["ttft_cdf"] = percentile(ttft, range(101)) if ttft else []
-    m["label"] = run["label"]
-    m["group"] = run.get("group", "")
-    m["scenario"] = run.get("scenario", "")
+    m["label"] = spec.label
+    m["group"] = spec.group
+    m["scenario"] = spec.scenario
     m["run"] = {k: run[k] for k in ("system", "replicas", "workload", "sim", "deploy") if k in run}
     return m
