@@ -119,8 +119,6 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         self.wait_limit_s = opts.wait_limit_s
         self.retry_after_s = opts.retry_after_s
         self.error_delivery = opts.error_delivery
-        self._inject_every = opts.inject_error_every
-        self._ncalls = 0
         self._rng = random.Random(0)
         self.counters: Dict[str, int] = {
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
@@ -204,9 +202,6 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
             self._safe(self.publish)  # placed, held or fallen back: what the ingress reads changed
 
     def _choose(self, candidates, pr: PendingRequest):
-        self._ncalls += 1
-        if self._inject_every and self._ncalls % self._inject_every == 0:
-            raise RuntimeError(f"injected router error (call {self._ncalls})")
         if pr.future.done():  # failed or cancelled: let Ray's loop notice and stop
             return [candidates]
         book = self.book

@@ -60,9 +60,6 @@ class RouterOptions(BaseModel):
     reconcile_after_s: Optional[_PosFloat] = Field(
         2.0, description="An idle-engine report releases in-flight records routed to that replica more than "
                          "this long before it (counters['reconciled']); None = off.")
-    inject_error_every: Annotated[int, Field(ge=0, strict=True)] = Field(
-        0, alias="_inject_error_every",
-        description="Benchmark hook: every n-th choose_replicas call raises inside (0 = never).")
 
     @model_validator(mode="before")
     @classmethod

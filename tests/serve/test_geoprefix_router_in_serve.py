@@ -5,6 +5,7 @@ process, so tests read its state through the per-process registry.
 """
 
 import concurrent.futures as cf
+import itertools
 import time
 
 import pytest
@@ -204,8 +205,16 @@ def test_wait_limit_typed_error(serve_cluster, delivery):
 
 
 def test_injected_internal_errors_still_serve_everything(serve_cluster):
-    h = _deploy("inj", 3, {"_inject_error_every": 3}, time_scale=0.005, output_tokens=4)
+    h = _deploy("inj", 3, {}, time_scale=0.005, output_tokens=4)
     r = _router("inj", h)
+    choose, calls = r._choose, itertools.count(1)
+
+    def every_third_decision_fails(candidates, pr):  # an internal error inside the decision, injected here
+        if next(calls) % 3 == 0:
+            raise RuntimeError("injected router error")
+        return choose(candidates, pr)
+
+    r._choose = every_third_decision_fails  # this live router's decisions (Ray calls them on its loop)
     resps = [h.remote(f"req {i} " * 30) for i in range(30)]
     outs = [x.result(timeout_s=60) for x in resps]
     assert len(outs) == 30 and all(o["output_tokens"] == 4 for o in outs)

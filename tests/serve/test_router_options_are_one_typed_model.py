@@ -27,11 +27,11 @@ def test_every_option_is_typed_described_and_defaulted():
 
 def test_the_router_reads_its_options_once():
     r = offline_router(region="us", queue_bound=None, wait_limit_s=5, retry_after_s=2.5, headroom_share="none",
-                       error_delivery="future", reconcile_after_s=None, _inject_error_every=7)
+                       error_delivery="future", reconcile_after_s=None)
     assert isinstance(r.router_options, RouterOptions)
     assert (r.region, r.queue_bound, r.wait_limit_s, r.retry_after_s) == ("us", None, 5.0, 2.5)
     assert r.headroom_share is None and r.error_delivery == "future" and r.reconcile_after_s is None
-    assert r._inject_every == 7 and r.replicas.on_idle is None
+    assert r.replicas.on_idle is None
 
 
 @pytest.mark.parametrize("bad, key", [
@@ -40,7 +40,7 @@ def test_the_router_reads_its_options_once():
     ({"queue_bound": True}, "queue_bound"), ({"queue_bound_tokens": 0}, "queue_bound_tokens"),
     ({"retry_after_s": -1}, "retry_after_s"), ({"decision_log_size": -1}, "decision_log_size"),
     ({"stats_seen_margin_s": -0.1}, "stats_seen_margin_s"), ({"headroom_share": [1, True]}, "headroom_share"),
-    ({"inject_error_every": 1}, "unknown request_router_kwargs"),
+    ({"_inject_error_every": 3}, "unknown request_router_kwargs"),
 ])
 def test_a_bad_option_is_a_value_error_naming_its_key(bad, key):
     with pytest.raises(ValueError, match=key):
