@@ -87,6 +87,16 @@ def test_three_region_builder_names_a_bad_region():
         region_app(args)
 
 
+@pytest.mark.parametrize("two_layer, named", [({"tua": 3}, "two_layer.tua"), ({"remote": "x"}, "two_layer.remote"),
+                                               ({"cost": {"w_rtt": -1}}, "two_layer.cost.w_rtt")])
+def test_a_bad_region_layer_is_named_when_the_app_is_built(two_layer, named):
+    # on the driver, at build time -- not later, inside the ingress replica
+    args = load(REPO / "examples" / "serve_three_regions.yaml")["applications"][0]["args"]
+    args = dict(args, ingress={**(args.get("ingress") or {}), "two_layer": two_layer})
+    with pytest.raises(ValueError, match=named.replace(".", r"\.")):
+        region_app(args)
+
+
 def test_one_region_config_is_ray_serve_llms_own_app_with_geoprefix():
     from ray.serve.llm import LLMConfig
 

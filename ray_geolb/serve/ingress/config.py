@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Dict, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ray_geolb.policy.region import REGION_LAYER, CostSelectorConfig, TwoLayerConfig
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE
@@ -42,7 +42,10 @@ class IngressConfig(BaseModel):
     #: peer region -> its Serve application name (its ingress is ``INGRESS_DEPLOYMENT`` there)
     peers: Dict[str, str] = Field(default_factory=dict)
     #: TwoLayerConfig fields except ``region`` (tau, remote, max_hops, peer_stale_s, snapshot, ...); default:
-    #: the default policy's region layer, ``REGION_LAYER.two_layer()`` (GeoPrefix: the 'cost' selector)
+    #: the default policy's region layer, ``REGION_LAYER.two_layer()`` (GeoPrefix: the 'cost' selector).
+    #: A plain dict on the wire (a Serve config's YAML, the deployment's arguments), checked as a
+    #: ``TwoLayerConfig`` when this config is built (:meth:`two_layer_config`): a bad field is named then,
+    #: on the driver, not later in the ingress replica
     two_layer: dict = Field(default_factory=REGION_LAYER.two_layer)
     #: "router": read the GeoPrefixRouter's availability; "always": every request is local-available
     #: (baselines with Ray's own routers, which have no availability notion)
@@ -114,6 +117,15 @@ class IngressConfig(BaseModel):
     drain_window_s: Optional[float] = Field(None, gt=0, allow_inf_nan=False,
                                             description="window of the local drain-rate estimate")
     drain_min_samples: Optional[int] = Field(None, ge=2, description="completions the drain-rate estimate needs")
+
+    @model_validator(mode="after")
+    def _check_two_layer(self):
+        try:
+            self.two_layer_config()
+        except ValidationError as e:  # name the field inside two_layer, as two_layer.<field>
+            errs = "; ".join(f"two_layer.{'.'.join(str(x) for x in er['loc'])}: {er['msg']}" for er in e.errors())
+            raise ValueError(errs) from None
+        return self
 
     def two_layer_config(self) -> TwoLayerConfig:
         tl = dict(self.two_layer)
