@@ -67,11 +67,26 @@ import hmac
 import json
 import logging
 import math
-import re
 import time
 from typing import Callable, Dict, Iterable, List, Optional
 
-from ray_geolb.policy.region.config import REGION_PATTERN
+from pydantic import ValidationError
+
+from ray_geolb.policy.region.heartbeat import (
+    MAX_COUNT,
+    MAX_DELAY_S,
+    MAX_EXTRA_KEY_LEN,
+    MAX_EXTRA_KEYS,
+    MAX_NUMBER,
+    MAX_REGION_NAME,
+    MAX_SOURCE_NAME,
+    Heartbeat,
+    first_error,
+    number_adapter,
+    region_name_adapter,
+    show,
+    validate_extra,
+)
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
 from ray_geolb.policy.region.snapshot_sync import DEFAULT_MAX_ROWS, SnapshotStore, trim_snapshot
 
@@ -79,6 +94,8 @@ logger = logging.getLogger("ray_geolb.registry")
 
 __all__ = [
     "HeartbeatRefused",
+    "MAX_COUNT",
+    "MAX_NUMBER",
     "MAX_REGION_NAME",
     "MAX_SOURCE_NAME",
     "REFUSAL_CODES",
@@ -97,15 +114,6 @@ __all__ = [
 #: one namespace), not security: any process of the Ray cluster can read it (module docstring, "Trust")
 SECRET_ENV = "GEOLB_REGISTRY_SECRET"
 
-#: name bounds: a region is 1-64 characters of REGION_PATTERN's alphabet (no "/"); a source (an ingress
-#: replica, ``<region>/<replica id>``) 1-128 of the same plus "/"
-MAX_REGION_NAME = 64
-MAX_SOURCE_NAME = 128
-_REGION_RE = re.compile(REGION_PATTERN)
-_SOURCE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]*$")
-#: the largest count a heartbeat may state (available replicas, queue length) and the largest other number
-MAX_COUNT = 1_000_000_000
-MAX_NUMBER = 1e15
 #: heartbeats per call (a client sends one), error lines per reply and their length
 MAX_BATCH_ITEMS = 32
 MAX_ERRORS = 10
@@ -129,33 +137,15 @@ class HeartbeatRefused(ValueError):
         self.code = code
 
 
-def _show(x, n: int = 40) -> str:
-    """A name as an error line may quote it: its first ``n`` characters, and its length when longer."""
-    if isinstance(x, str):
-        return repr(x[:n]) + (f"... ({len(x)} characters)" if len(x) > n else "")
-    return type(x).__name__
-
-
 def validate_region_name(name, what: str = "region") -> str:
-    """A region name within the registry's bounds (1-:data:`MAX_REGION_NAME` characters matching
-    ``REGION_PATTERN``), else :class:`HeartbeatRefused` ``bad_name``."""
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_REGION_NAME or not _REGION_RE.fullmatch(name):
-        raise HeartbeatRefused("bad_name", f"{what} must be 1-{MAX_REGION_NAME} characters of letters, digits, "
-                                           f"_ . : - (starting with a letter or digit), got {_show(name)}")
-    return name
+    """A region name within the registry's bounds (``heartbeat.RegionName``: 1-:data:`MAX_REGION_NAME`
+    characters matching ``REGION_PATTERN``), else :class:`HeartbeatRefused` ``bad_name``."""
+    try:
+        return region_name_adapter.validate_python(name)
+    except ValidationError as e:
+        raise HeartbeatRefused(*first_error(e, what, fields=0)) from None
 
 
-def _source_name(name, what: str = "heartbeat.source") -> str:
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_SOURCE_NAME or not _SOURCE_RE.fullmatch(name):
-        raise HeartbeatRefused("bad_name", f"{what} must be 1-{MAX_SOURCE_NAME} characters of letters, digits, "
-                                           f"_ . : / - (starting with a letter or digit), got {_show(name)}")
-    return name
-
-
-#: heartbeat ``extra`` limits: keys per region, key length
-MAX_EXTRA_KEYS = 16
-MAX_EXTRA_KEY_LEN = 64
-_EXTRA_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
 #: the table's compact-JSON size bound (``RegistryState.table_bound_bytes``), by part, with every name and
 #: number at its bound (a name: its characters + 3 for the quotes and colon; a number: at most 25).
 #: Per region: its entry (name, four figures ~120, and MAX_EXTRA_KEYS extras of a 64-character name and a
@@ -172,8 +162,6 @@ FIXED_BYTES = 200 + MAX_BATCH_ITEMS * (MAX_SOURCE_NAME + 3 + 22) + MAX_ERRORS * 
 #: Each ingress replica has its own router (its own queue and in-flight requests) over the same
 #: replicas: queues and in-flight counts add up, the replica count does not.
 EXTRA_AGG = {"queued_tokens": "sum", "inflight": "sum", "replicas": "max"}
-#: the largest one-way delay a heartbeat may declare (``delay_s``): a registry call times out long before
-MAX_DELAY_S = 10.0
 
 
 def registry_leg(round_trip_s: float) -> float:
@@ -181,24 +169,6 @@ def registry_leg(round_trip_s: float) -> float:
     :data:`MAX_DELAY_S`). Its next heartbeat declares it as ``delay_s``, and the table that call returned
     was made that long before it arrived (``RegistryClient``; the simulator's LB alike)."""
     return min(MAX_DELAY_S, max(0.0, round_trip_s) / 2.0)
-
-
-def validate_extra(extra, what: str = "heartbeat.extra") -> Dict[str, float]:
-    """A heartbeat's ``extra``: ``{name: finite number >= 0}``, at most :data:`MAX_EXTRA_KEYS` names of
-    at most :data:`MAX_EXTRA_KEY_LEN` characters. Raises ValueError naming the problem."""
-    if extra is None:
-        return {}
-    if not isinstance(extra, dict):
-        raise ValueError(f"{what} must be a dict {{name: number}}, got {type(extra).__name__}")
-    if len(extra) > MAX_EXTRA_KEYS:
-        raise ValueError(f"{what} has {len(extra)} fields; at most {MAX_EXTRA_KEYS}")
-    out = {}
-    for k, v in extra.items():
-        if not isinstance(k, str) or not 0 < len(k) <= MAX_EXTRA_KEY_LEN or not _EXTRA_KEY_RE.fullmatch(k):
-            raise ValueError(f"{what}: field names must be 1-{MAX_EXTRA_KEY_LEN} characters of letters, digits, "
-                             f"_ . : -, got {_show(k)}")
-        out[k] = _finite_nonneg(v, f"{what}[{k!r}]")
-    return out
 
 
 def _aggregate_extra(extras: List[Dict[str, float]]) -> Dict[str, float]:
@@ -213,27 +183,12 @@ def _aggregate_extra(extras: List[Dict[str, float]]) -> Dict[str, float]:
     return out
 
 
-def _show_num(x) -> str:
-    """A bad number as an error line quotes it (a huge integer by its size, a string cut)."""
-    if isinstance(x, int) and not isinstance(x, bool) and abs(x) >= 10**30:
-        return f"an integer of {x.bit_length()} bits"
-    if isinstance(x, (bool, int, float)) or x is None:
-        return repr(x)
-    return _show(x)
-
-
 def _finite_nonneg(x, what):
-    """A finite number in [0, MAX_NUMBER] (a larger int might not even convert to a float)."""
-    if (isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x <= MAX_NUMBER
-            or not math.isfinite(x)):
-        raise ValueError(f"{what} must be a finite number in [0, {MAX_NUMBER:g}], got {_show_num(x)}")
-    return x
-
-
-def _count(x, what):
-    if isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_COUNT:
-        raise ValueError(f"{what} must be an integer in [0, {MAX_COUNT}], got {_show_num(x)}")
-    return x
+    """A registry setting: a finite number in [0, MAX_NUMBER] (``heartbeat.Number``)."""
+    try:
+        return number_adapter.validate_python(x)
+    except ValidationError as e:
+        raise ValueError(first_error(e, what, fields=0)[1]) from None
 
 
 def _clip(msg: str) -> str:
@@ -335,9 +290,10 @@ class RegistryState:
         last registry round trip, at most :data:`MAX_DELAY_S`: the figures are dated that much before they
         arrived, so a table's ``age_s`` is the age of the measurement, not of the registry's receipt),
         ``"rtts": {peer: seconds}``, ``"extra": {name: number >= 0}`` (the region layer's cost inputs:
-        queued_tokens, inflight, t_p_s, replicas; see :func:`validate_extra`) and
-        ``"snapshot": PrefixIndex.snapshot()`` (+ ``"snapshot_version"``).
-        A malformed item is skipped (and counted in ``errors``); the rest of the batch still applies.
+        queued_tokens, inflight, t_p_s, replicas), ``"prefix_summary"`` and ``"snapshot_delta"``
+        (``snapshot_sync.SnapshotDelta``). Each item is read as a ``heartbeat.Heartbeat`` (every field and
+        its bounds). A refused item is skipped (and counted in ``refused``, named in ``errors``); the rest
+        of the batch still applies.
         """
         now = self._clock()
         errors: List[str] = []
@@ -353,7 +309,7 @@ class RegistryState:
         for item in items:
             if self._secret is not None and not self._authentic(item):
                 self.unauthenticated += 1
-                who = _show(item.get("source")) if isinstance(item, dict) else "?"
+                who = show(item.get("source")) if isinstance(item, dict) else "?"
                 errors.append(self._refuse(HeartbeatRefused(
                     "unauthenticated", f"heartbeat from {who}: missing or wrong registry token ({SECRET_ENV})"),
                     counts))
@@ -403,35 +359,18 @@ class RegistryState:
 
     def _apply(self, item: dict, now: float):
         """Validate and store one heartbeat; returns ``(region, source, notes)`` (notes: lines for the
-        reply about parts dropped, e.g. RTTs to unknown peers). Raises :class:`HeartbeatRefused` or
-        ValueError / TypeError, having changed nothing."""
-        if not isinstance(item, dict):
-            raise TypeError(f"heartbeat must be a dict, got {type(item).__name__}")
-        region = validate_region_name(item.get("region"), "heartbeat.region")
-        if self.regions is not None and region not in self.regions:
-            raise HeartbeatRefused("unknown_region", f"heartbeat.region {region!r} is not one of this registry's "
-                                                     f"regions {sorted(self.regions)[:16]}")
-        source = _source_name(item["source"]) if item.get("source") is not None else region
-        avail = _count(item.get("available_replicas"), "heartbeat.available_replicas")
-        qlen = _count(item.get("queue_len", 0), "heartbeat.queue_len")
-        rtts = item.get("rtts") or {}
-        if not isinstance(rtts, dict) or len(rtts) > self.max_regions:
-            raise ValueError(f"heartbeat.rtts must be a dict {{peer: seconds}} of at most {self.max_regions} peers")
-        clean_rtts, dropped = {}, []
-        for peer, v in rtts.items():
-            if peer == region:
-                continue
-            if (not isinstance(peer, str) or not 0 < len(peer) <= MAX_REGION_NAME or not _REGION_RE.fullmatch(peer)
-                    or (self.regions is not None and peer not in self.regions)):
-                dropped.append(peer)
-                continue
-            clean_rtts[peer] = float(_finite_nonneg(v, f"heartbeat.rtts[{peer!r}]"))
-        extra = validate_extra(item.get("extra"))
-        delay = item.get("delay_s")
-        if delay is not None:
-            delay = _finite_nonneg(delay, "heartbeat.delay_s")
-            if delay > MAX_DELAY_S:
-                raise ValueError(f"heartbeat.delay_s must be at most {MAX_DELAY_S:g} s, got {delay!r}")
+        reply about parts dropped, e.g. RTTs to unknown peers). The item is read as a :class:`Heartbeat`
+        (``heartbeat.py``: every field and its bounds); a field out of them is :class:`HeartbeatRefused`
+        with the model's code (``bad_name``, ``unknown_region``, else ``malformed``) and a message naming
+        the field. Raises having changed nothing."""
+        try:
+            hb = Heartbeat.model_validate(item, context={"regions": self.regions, "max_regions": self.max_regions})
+        except ValidationError as e:
+            raise HeartbeatRefused(*first_error(e, "heartbeat")) from None
+        region, source, delay = hb.region, hb.source or hb.region, hb.delay_s
+        avail, qlen, clean_rtts, extra = hb.available_replicas, hb.queue_len, hb.rtts, hb.extra
+        # the RTTs the model left out (to a bad name, or a region this registry does not serve), named below
+        dropped = [p for p in (item.get("rtts") or ()) if p != region and p not in clean_rtts]
         # room: a full registry refuses a new region or source; it never evicts a live one
         if region not in self._sources and len(self._sources) >= self.max_regions:
             self._prune(now)
@@ -458,7 +397,7 @@ class RegistryState:
         notes = []
         if dropped:
             notes.append(_clip(f"heartbeat.rtts from {source!r}: {len(dropped)} peer(s) dropped (not a known "
-                               f"region name), e.g. {_show(dropped[0])}"))
+                               f"region name), e.g. {show(dropped[0])}"))
         return region, source, notes
 
     def _apply_summary(self, region: str, source: str, wire, now: float) -> Optional[str]:

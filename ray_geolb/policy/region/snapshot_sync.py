@@ -30,10 +30,25 @@ reply to every heartbeat: the version the registry now holds for that source (No
 
 from __future__ import annotations
 
-import math
-from typing import Dict, Optional, Tuple
+from typing import Annotated, Dict, List, Optional, Tuple, Union
 
-__all__ = ["DEFAULT_MAX_ROWS", "SnapshotStore", "SnapshotWriter", "trim_snapshot", "validate_delta"]
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    ValidationInfo,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from ray_geolb.policy.region.heartbeat import first_error
+
+__all__ = ["DEFAULT_MAX_ROWS", "SnapshotDelta", "SnapshotRow", "SnapshotStore", "SnapshotWriter", "trim_snapshot",
+           "validate_delta"]
 
 #: rows (upserts + removals) one heartbeat may carry: ~100 bytes each as JSON, so ~200 KB at most
 DEFAULT_MAX_ROWS = 2000
@@ -62,61 +77,90 @@ def _recency(row):
     return (-max(targets.values(), default=0.0), row[3])
 
 
-def _int(x, what: str) -> int:
-    """An integer of at most 64 bits and a sign (keys are 64-bit hashes; versions count up)."""
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise ValueError(f"{what} must be an integer, got {type(x).__name__}")
-    if not -(1 << 64) < x < (1 << 64):
-        raise ValueError(f"{what} must fit in 64 bits, got an integer of {x.bit_length()} bits")
-    return x
+#: keys, parents, block offsets and versions: integers of at most 64 bits and a sign (keys are 64-bit
+#: hashes; versions count up)
+Int64 = Annotated[int, Field(strict=True, gt=-(1 << 64), lt=1 << 64)]
+#: a row's targets: ``{target: last used}``, 1-1024 of them, names of 1-256 characters, finite times
+Targets = Annotated[Dict[Annotated[str, Field(strict=True, min_length=1, max_length=256)],
+                         Annotated[float, Field(strict=True, gt=-1e18, lt=1e18, allow_inf_nan=False)]],
+                    Field(min_length=1, max_length=1024)]
+_ROW_SHAPE = "[key, parent, start, end, {target: ts}]"
 
 
-def _row(row, what: str) -> list:
-    if not isinstance(row, (list, tuple)) or len(row) != 5:
-        raise ValueError(f"{what} must be [key, parent, start, end, {{target: ts}}]")
-    key, parent, start, end, targets = row
-    for name, v in (("key", key), ("parent", parent), ("start", start), ("end", end)):
-        _int(v, f"{what}.{name}")
-    if not 0 <= start < end:
-        raise ValueError(f"{what}: start {start} / end {end} out of order")
-    if not isinstance(targets, dict) or not targets or len(targets) > 1024:
-        raise ValueError(f"{what}.targets must be a non-empty dict of at most 1024 {{target: time}}")
-    clean = {}
-    for t, ts in targets.items():
-        if not isinstance(t, str) or not 0 < len(t) <= 256:
-            raise ValueError(f"{what}.targets: names must be strings of 1-256 characters")
-        if (isinstance(ts, bool) or not isinstance(ts, (int, float)) or not -1e18 < ts < 1e18
-                or not math.isfinite(ts)):
-            raise ValueError(f"{what}.targets[{t!r}] must be a finite number")
-        clean[t] = float(ts)
-    return [key, parent, start, end, clean]
+class SnapshotRow(BaseModel):
+    """One node of the snapshot, ``[key, parent, start, end, {target: last used}]`` on the wire."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: Int64
+    parent: Int64
+    start: Int64
+    end: Int64
+    targets: Targets
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_list(cls, row):
+        if not isinstance(row, (list, tuple)) or len(row) != 5:
+            raise PydanticCustomError("malformed", "must be {shape}", {"shape": _ROW_SHAPE})
+        return dict(zip(("key", "parent", "start", "end", "targets"), row))
+
+    @model_validator(mode="after")
+    def _in_order(self):
+        if not 0 <= self.start < self.end:
+            raise PydanticCustomError("malformed", "start {start} / end {end} out of order",
+                                      {"start": self.start, "end": self.end})
+        return self
+
+    def wire(self) -> list:
+        return [self.key, self.parent, self.start, self.end, self.targets]
 
 
-def validate_delta(delta, max_rows: int) -> dict:
-    """A heartbeat's ``snapshot_delta``, validated (see the module docstring). Raises ValueError naming
-    the problem; a delta with more than ``max_rows`` rows is refused whole."""
-    if not isinstance(delta, dict):
-        raise ValueError(f"snapshot_delta must be a dict, got {type(delta).__name__}")
-    version = _int(delta.get("version"), "snapshot_delta.version")
-    reset = delta.get("reset", False)
-    if not isinstance(reset, bool):
-        raise ValueError("snapshot_delta.reset must be true or false")
-    base = delta.get("base")
-    if not reset:
-        _int(base, "snapshot_delta.base")
-    geometry = delta.get("geometry")
-    if (not isinstance(geometry, (list, tuple)) or len(geometry) != 2
-            or not all(isinstance(g, (int, float)) and not isinstance(g, bool) for g in geometry)):
-        raise ValueError("snapshot_delta.geometry must be [block_chars, growth]")
-    upsert, remove = delta.get("upsert") or [], delta.get("remove") or []
-    if not isinstance(upsert, list) or not isinstance(remove, list):
-        raise ValueError("snapshot_delta.upsert and .remove must be lists")
-    if len(upsert) + len(remove) > max_rows:
-        raise ValueError(f"snapshot_delta carries {len(upsert) + len(remove)} rows; at most {max_rows} per heartbeat")
-    return {"version": version, "base": base, "reset": reset, "geometry": list(geometry),
-            "upsert": [_row(r, f"snapshot_delta.upsert[{i}]") for i, r in enumerate(upsert)],
-            "remove": [_int(k, f"snapshot_delta.remove[{i}]") for i, k in enumerate(remove)],
-            "more": bool(delta.get("more", False))}
+class SnapshotDelta(BaseModel):
+    """A heartbeat's ``snapshot_delta`` (the wire format: see the module docstring). Validation context:
+    ``max_rows``, the most rows (upserts + removals) one delta may carry: a larger one is refused whole,
+    before its rows are read."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    version: Int64
+    #: the version this delta applies to; required unless ``reset``
+    base: Optional[Int64] = None
+    reset: bool = Field(False, strict=True)
+    geometry: Tuple[Union[StrictInt, StrictFloat], Union[StrictInt, StrictFloat]]
+    upsert: List[SnapshotRow] = Field(default_factory=list)
+    remove: List[Int64] = Field(default_factory=list)
+    #: the writer has more rows for this version (anything true)
+    more: Annotated[bool, BeforeValidator(bool)] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, delta, info: ValidationInfo):
+        if not isinstance(delta, dict):
+            raise PydanticCustomError("malformed", "must be a dict, got {got}", {"got": type(delta).__name__})
+        upsert, remove = delta.get("upsert") or [], delta.get("remove") or []
+        if not isinstance(upsert, list) or not isinstance(remove, list):
+            raise PydanticCustomError("malformed", "upsert and .remove must be lists")
+        most = (info.context or {}).get("max_rows")
+        if most is not None and len(upsert) + len(remove) > most:
+            raise PydanticCustomError("malformed", "carries {n} rows; at most {most} per heartbeat",
+                                      {"n": len(upsert) + len(remove), "most": most})
+        return {**delta, "upsert": upsert, "remove": remove}
+
+    @model_validator(mode="after")
+    def _based(self):
+        if not self.reset and self.base is None:
+            raise PydanticCustomError("malformed", "base must be an integer unless reset is true")
+        return self
+
+
+def validate_delta(delta, max_rows: int) -> SnapshotDelta:
+    """A heartbeat's ``snapshot_delta`` read as a :class:`SnapshotDelta`. Raises ValueError naming the
+    field; a delta with more than ``max_rows`` rows is refused whole."""
+    try:
+        return SnapshotDelta.model_validate(delta, context={"max_rows": max_rows})
+    except ValidationError as e:
+        raise ValueError(first_error(e, "snapshot_delta")[1]) from None
 
 
 class SnapshotStore:
@@ -143,28 +187,29 @@ class SnapshotStore:
         except ValueError as e:
             self.refused += 1
             return held, str(e)
-        if not d["reset"] and (cur is None or d["base"] != cur["version"] or d["geometry"] != cur["geometry"]):
+        geometry = list(d.geometry)
+        if not d.reset and (cur is None or d.base != cur["version"] or geometry != cur["geometry"]):
             self.refused += 1
-            return held, (f"snapshot delta from {source!r} is based on version {d['base']}, the registry holds "
+            return held, (f"snapshot delta from {source!r} is based on version {d.base}, the registry holds "
                           f"{held}: send it again from scratch (reset)")
-        if d["reset"] or cur is None:
+        if d.reset or cur is None:
             cur = {"rows": {}, "trimmed": 0}
         rows = cur["rows"]
-        for k in d["remove"]:
+        for k in d.remove:
             rows.pop(k, None)
-        for r in d["upsert"]:
-            rows[r[0]] = r
-        self.rows_received += len(d["upsert"]) + len(d["remove"])
+        for r in d.upsert:
+            rows[r.key] = r.wire()
+        self.rows_received += len(d.upsert) + len(d.remove)
         if len(rows) > self.max_nodes:
             kept = sorted(rows.values(), key=_recency)[: self.max_nodes]
             cur["trimmed"] += len(rows) - len(kept)
             cur["rows"] = {r[0]: r for r in kept}
-        cur.update(version=d["version"], geometry=d["geometry"], t=now, complete=not d["more"])
+        cur.update(version=d.version, geometry=geometry, t=now, complete=not d.more)
         srcs = self._by_region.setdefault(region, {})
         srcs[source] = cur
         if len(srcs) > self.max_sources:
             del srcs[min(srcs, key=lambda s: srcs[s]["t"])]
-        return d["version"], None
+        return d.version, None
 
     def snapshot(self, region: str) -> Optional[dict]:
         """The region's snapshot as ``PrefixIndex.load_snapshot`` reads it: its most recently written
