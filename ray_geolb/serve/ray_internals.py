@@ -23,7 +23,7 @@
 
 The subclass provides ``book`` (a ``RequestBook``), ``counters``, ``metrics``, ``region``,
 ``deployment_key``, ``queue_bound``, ``queue_bound_tokens``, ``wait_limit_s``, ``error_delivery``,
-``retry_after_s``, ``queued_tokens()``, ``publish()`` (the ingress's snapshot: the queue changed) and
+``retry_after_s``, ``queued_tokens()``, ``publish_soon()`` (the ingress's snapshot: the queue changed) and
 ``_safe``.
 """
 
@@ -73,11 +73,11 @@ class RayRouterBase(RequestRouter):
             self._check_queue_bound()
         # Ray adds the request to its pending queue before base awaits its future: the snapshot the
         # ingress reads counts it from the next loop turn, and no longer once this coroutine ends
-        asyncio.get_running_loop().call_soon(self._safe, self.publish)
+        self.publish_soon()
         try:
             return await self._bounded(pending_request, iid, is_retry)
         finally:
-            self._safe(self.publish)
+            self._safe(self.publish_soon)
 
     async def _bounded(self, pending_request: PendingRequest, iid: str, is_retry: bool):
         base = super()._choose_replica_for_request

@@ -142,9 +142,26 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
 
     def publish(self) -> None:
         """Publish what the region ingress of this process reads, by one attribute swap: a frozen
-        :class:`~ray_geolb.serve.router_snapshot.RouterSnapshot` of the state now (called after each
-        event that changes it; the ingress never reads the live policy)."""
+        :class:`~ray_geolb.serve.router_snapshot.RouterSnapshot` of the state now (the ingress never
+        reads the live policy). Events on the router's loop call :meth:`publish_soon` instead."""
+        self._publish_pending = False
         self.snapshot = snapshot_of(self)
+
+    def publish_soon(self) -> None:
+        """Publish after the event that changed the state, once per loop turn: on the router's event
+        loop the snapshot is built by one callback scheduled at the first event of the turn (a request
+        arriving, chosen, routed and completed in one turn make one snapshot, built outside Ray's
+        hooks, so it is not on a request's decision path); with no running loop (a router driven
+        without Ray), at once. The ingress reads the state at most one loop turn old."""
+        if getattr(self, "_publish_pending", False):
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self.publish()
+            return
+        self._publish_pending = True
+        loop.call_soon(self._safe, self.publish)
 
     @classmethod
     def instances(cls, app_name: Optional[str] = None, deployment_name: Optional[str] = None) -> list:
@@ -167,7 +184,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         self._flush_metrics()
         if self.book.held and self.policy.tracker.available:
             self.book.wake_head()
-        self.publish()
+        self.publish_soon()
 
     def _update_share(self) -> None:
         """``headroom_share="auto"``: this router is one of the N replicas of the deployment whose
@@ -199,7 +216,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
             except Exception:
                 return [list(candidate_replicas)]
         finally:
-            self._safe(self.publish)  # placed, held or fallen back: what the ingress reads changed
+            self._safe(self.publish_soon)  # placed, held or fallen back: what the ingress reads changed
 
     def _choose(self, candidates, pr: PendingRequest):
         if pr.future.done():  # failed or cancelled: let Ray's loop notice and stop
@@ -265,7 +282,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
                                      min(1.0, (rec.get("matched") or 0) / max(1, len(req.text))), self.policy_name)
             if self.metrics.due():
                 self._flush_metrics()
-            self.publish()
+            self.publish_soon()
         except Exception as e:
             self.counters["internal_errors"] += 1
             self._log_error(f"on_request_routed failed: {e!r}")
@@ -273,7 +290,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
     def on_request_completed(self, replica_id, internal_request_id: str) -> None:
         try:
             self.book.completed(internal_request_id, replica_id.unique_id)
-            self.publish()
+            self.publish_soon()
         except Exception as e:
             self.counters["internal_errors"] += 1
             self._log_error(f"on_request_completed failed: {e!r}")
