@@ -190,10 +190,9 @@ class EngineModel:
         self._chunked = c.enable_chunked_prefill
         self._overhead = c.ttft_overhead_s
         self._total_blocks = c.num_gpu_blocks
-        self._base = profile.step_base_s
-        self._p_pre = profile.prefill_per_token_s
-        self._p_dec = profile.decode_per_seq_s
-        self._p_ctx = profile.attn_per_ctx_token_s
+        self._step = profile.step  # StepModel: the GPU time of one step (engine/step_model.py)
+        self._q = profile.step.prefill_attn_per_pair_s
+        self._m = profile.step.lone_attn_per_ctx_token_s
 
         self._num_free = c.num_gpu_blocks
         self._cached: dict = {}
@@ -217,6 +216,7 @@ class EngineModel:
         self._busy_s = 0.0  # engine seconds spent in steps (cumulative; stats()["engine_work"])
         self._work_prefill = 0  # prompt tokens computed (cumulative)
         self._work_decode = 0  # decode tokens (sequences decoded one token; cumulative)
+        self._work_pairs = 0.0  # prefill-attention pairs: sum over chunks of P * (c + P/2) (cumulative)
 
     # ------------------------------------------------------------------ requests
     def add_request(self, req: EngineRequest, now: float) -> None:
@@ -503,7 +503,13 @@ class EngineModel:
         one token per request that reached its length, finish those done; returns the output."""
         prefill = 0
         decodes = 0
-        ctx = 0
+        ctx = 0  # decode contexts
+        lmax = 0
+        chunks = 0
+        attn = 0.0  # prefill attention (StepModel.chunk_attn, inlined)
+        pairs = 0.0
+        q = self._q
+        m = self._m
         first = []
         first_seqs = []
         tokens = []
@@ -511,13 +517,22 @@ class EngineModel:
         caching = self._caching
         for s in scheduled:
             n = s.sched
-            c = s.num_computed + n
-            ctx += c
+            before = s.num_computed
+            c = before + n
             nt = s.num_tokens
             if n == 1 and s.num_output and c == nt:
                 decodes += 1
+                ctx += c
+                if c > lmax:
+                    lmax = c
             else:
                 prefill += n
+                chunks += 1
+                pr = n * (before + 0.5 * n)
+                pairs += pr
+                pr *= q
+                rd = m * c
+                attn += pr if pr > rd else rd
             s.num_computed = c
             if caching and s.next_hash < len(s.hashes):
                 self._register_blocks(s, c)
@@ -542,9 +557,10 @@ class EngineModel:
             self._running = [s for s in running if s.status == _RUNNING]
             self._num_finished += len(finished)
         self._num_steps += 1
-        dur = self._base + self._p_pre * prefill + self._p_dec * decodes + self._p_ctx * ctx
+        dur = self._step.time_of(prefill + decodes, chunks, decodes, ctx, lmax, attn)
         self._busy_s += dur
         self._work_prefill += prefill
+        self._work_pairs += pairs
         self._work_decode += decodes
         return StepOutput(dur, first, tokens, finished, preempted, prefill, decodes,
                           self._first_timings(first_seqs, self._now + dur))
@@ -569,6 +585,7 @@ class EngineModel:
         tokens = []
         finished = None
         ctx = 0
+        lmax = 0
         i = 0
         while i < len(running):
             s = running[i]
@@ -579,6 +596,8 @@ class EngineModel:
             s.num_computed = c
             s.num_tokens = c + 1
             ctx += c
+            if c > lmax:
+                lmax = c
             o = s.num_output + 1
             s.num_output = o
             tokens.append(s.id)
@@ -603,7 +622,7 @@ class EngineModel:
             self._running = [s for s in running if s.status == _RUNNING]
             self._num_finished += len(finished)
         self._num_steps += 1
-        dur = self._base + self._p_pre * 0 + self._p_dec * decodes + self._p_ctx * ctx
+        dur = self._step.time_of(decodes, 0, decodes, ctx, lmax, 0.0)
         self._busy_s += dur
         self._work_decode += decodes
         return StepOutput(dur, [], tokens, fin_ids, preempted, 0, decodes)
@@ -635,17 +654,20 @@ class EngineModel:
             "max_num_seqs": self._max_seqs,
             "block_tokens": self._B,
             # cumulative step work since the engine started (what vLLM's per-iteration stats add up to):
-            # a router differences two reports and fits busy time on steps, prefill and decode tokens
+            # a router differences two reports and fits busy time on steps, prefill and decode tokens and
+            # prefill-attention pairs (a chunk of P tokens after c computed ones attends to P * (c + P/2))
             "engine_work": {"steps": self._num_steps, "prefill_tokens": self._work_prefill,
-                            "decode_tokens": self._work_decode, "busy_s": self._busy_s},
+                            "decode_tokens": self._work_decode, "busy_s": self._busy_s,
+                            "prefill_pairs": self._work_pairs},
         }
 
     @property
     def num_unfinished(self) -> int:
         return len(self._reqs)
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        return self.profile.step_time(prefill_tokens, decode_seqs, context_tokens)
+    def step_time(self, chunks=(), decode_contexts=()) -> float:
+        """``profile.step_time``: seconds of a step with these prefill chunks and decode contexts."""
+        return self.profile.step_time(chunks, decode_contexts)
 
     def _check_invariants(self) -> None:
         """Block accounting (O(#blocks); for tests only)."""

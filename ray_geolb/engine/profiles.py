@@ -1,39 +1,39 @@
 """Calibrated performance profiles of one LLM serving replica (one GPU).
 
-Step-time model of ONE continuous-batching iteration (vLLM v1 / SGLang style, chunked
-prefill mixes prefill chunks and decodes in the same forward pass)::
+Each profile holds a :class:`~ray_geolb.engine.step_model.StepModel`: the GPU time of ONE
+continuous-batching iteration (vLLM v1 / SGLang style, chunked prefill mixes prefill chunks and decodes
+in the same forward pass) as a roofline with prefill attention (``engine/step_model.py`` has the form)::
 
-    t_step = step_base_s
-           + prefill_per_token_s * prefill_tokens        # tokens prefilled this step
-           + decode_per_seq_s    * decode_seqs           # sequences decoding 1 token
-           + attn_per_ctx_token_s * context_tokens       # sum over scheduled requests of
-                                                         # (computed + new) tokens
+    t = o + k_c * chunks + k_d * [B > 0] + g * max(k, P + B) + max(a * sum L, m * max L)
+          + sum over chunks of max(q * P_i * (c_i + P_i/2), m * (c_i + P_i))
 
-* ``step_base_s``: reading all weights once (memory-bound floor of a forward pass) plus
-  launch/scheduler overhead: the decode step time at batch size 1.
-* ``prefill_per_token_s`` / ``decode_per_seq_s``: GEMM work per token (~2 * n_params FLOP).
-  A decoded token costs the same GEMM FLOPs as a prefilled token, so both use the
-  measured prefill slope (a linear model; it overestimates a little at very small decode
-  batches, where the GEMMs hide under the weight read).
-* ``attn_per_ctx_token_s``: reading one token's K and V of every layer from HBM
-  (kv_bytes_per_token / HBM bandwidth): the part of a step that grows with context.
-* ``ttft_overhead_s``: per-request fixed latency outside the step loop (API server,
-  tokenisation, scheduling, first detokenisation, network in the measurement). The engine
-  model keeps a request "pending" for this long before it can be scheduled, so at batch
-  size 1: TTFT(n) = ttft_overhead_s + t_step(prefill n tokens).
+and ``ttft_overhead_s``: per-request fixed latency outside the step loop (API server, tokenisation,
+scheduling, first detokenisation, network in the measurement). The engine model keeps a request
+"pending" for this long before it can be scheduled, so at batch size 1:
+TTFT(n) = ttft_overhead_s + t(one chunk of n tokens) (:meth:`EngineProfile.batch1_ttft`).
 
-Profiles are calibrated ONLY from single-engine measurements cited next to each profile,
-never from routing results.  KV capacity is computed from the architecture:
-Llama-3.1-8B and Mistral-7B both have 32 layers x 8 KV heads x 128 head dim x 2 (K, V)
-x 2 bytes (fp16/bf16) = 131,072 B = 128 KiB per token.
+* ``llama3.1-8b-h100`` and ``llama3.1-8b-h200`` are MEASURED: their step models are fitted
+  (``python -m ray_geolb.engine.step_fit``) to GPU step times of a Llama-3.1-8B-shaped model committed in
+  ``ray_geolb/data/gpu_step_times/`` (two H100 SXM runs, one H200); KV capacity from each card's memory.
+* ``mistral-7b-a100`` and ``llama3.1-8b-l4`` are calibrated from the papers' single-engine figures
+  (GORGO's TTFT line, SkyLB's 300 ms per 512 tokens), with the prefill-attention term ``q`` DERIVED, not
+  measured: the attention throughput the H100 fit implies, as a fraction of the H100's bf16 peak, applied
+  to each card's peak (:data:`ATTN_PEAK_FRACTION`).
+
+Profiles are calibrated ONLY from single-engine measurements cited next to each profile, never from
+routing results. KV capacity is computed from the architecture: Llama-3.1-8B and Mistral-7B both have
+32 layers x 8 KV heads x 128 head dim x 2 (K, V) x 2 bytes (fp16/bf16) = 131,072 B = 128 KiB per token.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from typing import Iterable, Tuple
+
+from .step_model import StepModel
 
 __all__ = ["AdmissionParams", "EngineProfile", "PROFILES", "get_profile", "KV_BYTES_PER_TOKEN_8B", "ADMISSION_MODES",
-           "ADMISSION_FIELDS", "check_admission"]
+           "ADMISSION_FIELDS", "check_admission", "FLOP_PER_ATTN_PAIR_8B", "ATTN_PEAK_FRACTION", "StepModel"]
 
 # 32 layers * 8 KV heads * 128 head_dim * 2 (K and V) * 2 bytes (fp16/bf16)
 KV_BYTES_PER_TOKEN_8B = 32 * 8 * 128 * 2 * 2  # = 131072 B = 128 KiB
@@ -61,11 +61,7 @@ class AdmissionParams:
 class EngineProfile(AdmissionParams):
     name: str
     source: str  # citation of the measurements this profile is calibrated from
-    # step-time model (seconds)
-    step_base_s: float
-    prefill_per_token_s: float
-    decode_per_seq_s: float
-    attn_per_ctx_token_s: float
+    step: StepModel  # the GPU time of one step (engine/step_model.py)
     # per-request fixed TTFT overhead (seconds)
     ttft_overhead_s: float
     # KV cache / scheduler limits
@@ -83,23 +79,37 @@ class EngineProfile(AdmissionParams):
     kv_bytes_per_token: int = KV_BYTES_PER_TOKEN_8B
 
     def __post_init__(self) -> None:
-        for f in ("step_base_s", "prefill_per_token_s", "decode_per_seq_s",
-                  "attn_per_ctx_token_s", "ttft_overhead_s"):
-            if getattr(self, f) < 0:
-                raise ValueError(f"profile {self.name!r}: {f} must be >= 0")
+        if not isinstance(self.step, StepModel):
+            raise ValueError(f"profile {self.name!r}: step must be a StepModel, got {type(self.step).__name__}")
+        if not self.ttft_overhead_s >= 0:
+            raise ValueError(f"profile {self.name!r}: ttft_overhead_s must be >= 0")
         for f in ("num_gpu_blocks", "block_tokens", "max_num_seqs",
                   "max_num_batched_tokens", "max_model_len"):
             if getattr(self, f) < 1:
                 raise ValueError(f"profile {self.name!r}: {f} must be >= 1")
         check_admission(self, f"profile {self.name!r}")
 
-    def step_time(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
-        """Duration (s) of one iteration; 0 if nothing is scheduled."""
-        if prefill_tokens == 0 and decode_seqs == 0:
-            return 0.0
-        return (self.step_base_s + self.prefill_per_token_s * prefill_tokens
-                + self.decode_per_seq_s * decode_seqs
-                + self.attn_per_ctx_token_s * context_tokens)
+    def step_time(self, chunks: Iterable[Tuple[int, int]] = (), decode_contexts: Iterable[int] = ()) -> float:
+        """Seconds of one iteration (``StepModel.time``): ``chunks`` = (new tokens, tokens computed before)
+        per prefill chunk, ``decode_contexts`` = each decode's context; 0 if nothing is scheduled."""
+        return self.step.time(chunks, decode_contexts)
+
+    def batch1_ttft(self, prompt_tokens: int, cached_tokens: int = 0) -> float:
+        """TTFT of a lone request whose ``prompt_tokens - cached_tokens`` uncached tokens prefill in one
+        step (no chunking): ``ttft_overhead_s`` + that step."""
+        return self.ttft_overhead_s + self.step.prefill_time(prompt_tokens - cached_tokens, cached_tokens)
+
+    def ttft_line(self, max_tokens: int = 2048) -> Tuple[float, float]:
+        """``(base_s, slope_s_per_token)``: the least-squares line through :meth:`batch1_ttft` over prompts of
+        16..``max_tokens`` tokens -- what a TTFT-vs-input-length regression on this engine measures
+        (GORGO's Table 1 line; GORGO's constant ``t_p`` is its slope)."""
+        xs = list(range(16, max_tokens + 1, 16))
+        ys = [self.batch1_ttft(n) for n in xs]
+        n = len(xs)
+        mx, my = sum(xs) / n, sum(ys) / n
+        sxx = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        return my - slope * mx, slope
 
     @property
     def kv_capacity_tokens(self) -> int:
@@ -136,23 +146,99 @@ def _kv_blocks(hbm_bytes: float, weight_bytes: float, util: float = 0.9,
 
 
 # ---------------------------------------------------------------------------------------
+# The measured profiles: llama3.1-8b-h100, llama3.1-8b-h200
+# Source: GPU step times of a Llama-3.1-8B-shaped forward pass (bf16, torch SDPA, CUDA graphs) on an
+# H100 80GB HBM3 SXM (two machines, 44 rows each) and an H200 (44 rows), committed in
+# ray_geolb/data/gpu_step_times/llama3.1-8b_steps.json (source and license inside). The StepModels
+# below are `python -m ray_geolb.engine.step_fit` (rounded to 4 digits; tests/engine/
+# test_step_model_fits_gpu_measurements.py refits and compares). What the fit says (H100 / H200):
+#  * floor of a step o + g*k: 7.3 / 5.7 ms (the weight read); knee k: 188 / 84 tokens;
+#  * g: 24.2 / 22.2 us per token once the GEMMs are compute-bound (~660-720 TFLOP/s);
+#  * a: 43.9 / 29.0 ns per decode context token (128 KiB of K/V: 3.0 / 4.5 TB/s);
+#  * q: 1.547 / 1.572 ns per prefill-attention pair (32 layers x 4 x 4096 FLOP = 0.52 MFLOP: ~340 TFLOP/s);
+#  * m: 93 / 49 ns per context token for a lone sequence (the single-decode rows' slope in L);
+#  * k_c 0.78 / 0.50 ms per prefill chunk, k_d 0.36 / 0.45 ms per decode batch (their own kernels).
+# Not measured: the TTFT overhead outside the step loop (API server, tokenisation): 20 ms assumed, as
+# before. vLLM's FlashAttention/FlashInfer kernels with fused norms are somewhat faster per step than
+# torch SDPA (the data's README), so these profiles are conservative for vLLM.
+#  * KV: the card's memory as torch reports it (85,017,493,504 B on the H100, 150,109,880,320 B on the
+#    H200) * 0.9 - 16.06 GB of weights, at 128 KiB/token.
+#  * limits: vLLM defaults on >= 70 GiB Hopper GPUs for the OpenAI server: max_num_seqs 1024,
+#    max_num_batched_tokens 8192.
+# ---------------------------------------------------------------------------------------
+_LLAMA8B_W = 8_030_261_248 * 2
+_H100_MEM = 85_017_493_504
+_H200_MEM = 150_109_880_320
+H100_STEP = StepModel(overhead_s=2.713e-3, gemm_per_token_s=2.423e-5, knee_tokens=188,
+                      decode_attn_per_ctx_token_s=4.395e-8, prefill_attn_per_pair_s=1.547e-9,
+                      lone_attn_per_ctx_token_s=9.343e-8, chunk_overhead_s=7.827e-4, decode_overhead_s=3.591e-4)
+H200_STEP = StepModel(overhead_s=3.810e-3, gemm_per_token_s=2.219e-5, knee_tokens=84,
+                      decode_attn_per_ctx_token_s=2.900e-8, prefill_attn_per_pair_s=1.572e-9,
+                      lone_attn_per_ctx_token_s=4.898e-8, chunk_overhead_s=5.012e-4, decode_overhead_s=4.484e-4)
+_MEASURED = ("MEASURED: step model fitted to GPU step times of a Llama-3.1-8B-shaped model on {gpu} "
+             "(ray_geolb/data/gpu_step_times/llama3.1-8b_steps.json; python -m ray_geolb.engine.step_fit); "
+             "KV from {mem:,} B * 0.9 - 16.06 GB weights; TTFT overhead 20 ms assumed (not measured)")
+LLAMA31_8B_H100 = EngineProfile(
+    name="llama3.1-8b-h100",
+    source=_MEASURED.format(gpu="an H100 80GB HBM3 SXM (2 runs, 88 rows)", mem=_H100_MEM),
+    step=H100_STEP,
+    ttft_overhead_s=0.020,
+    num_gpu_blocks=_kv_blocks(_H100_MEM, _LLAMA8B_W),  # 28,827
+    block_tokens=16,
+    max_num_seqs=1024,
+    max_num_batched_tokens=8192,
+    max_model_len=32768,
+    gpu="NVIDIA H100 80GB HBM3 (SXM)",
+    model="meta-llama/Llama-3.1-8B-Instruct",
+    hbm_bytes=_H100_MEM,
+    hbm_bandwidth_bytes_s=3.35e12,
+    weight_bytes=_LLAMA8B_W,
+)
+LLAMA31_8B_H200 = replace(
+    LLAMA31_8B_H100,
+    name="llama3.1-8b-h200",
+    source=_MEASURED.format(gpu="an H200 (44 rows)", mem=_H200_MEM),
+    step=H200_STEP,
+    num_gpu_blocks=_kv_blocks(_H200_MEM, _LLAMA8B_W),  # 56,761
+    gpu="NVIDIA H200",
+    hbm_bytes=_H200_MEM,
+    hbm_bandwidth_bytes_s=4.8e12,
+)
+
+# ---------------------------------------------------------------------------------------
+# Prefill attention of the unmeasured cards: a DERIVATION, not a measurement.
+# One (new token, attended token) pair costs QK^T + PV = 2 x 2 x 4096 FLOP per layer, x 32 layers =
+# 524,288 FLOP (Llama-3.1-8B and Mistral-7B alike). The H100 fit's q = 1.547 ns per pair is 339 TFLOP/s,
+# 34.3 % of the H100 SXM's 989 TFLOP/s dense bf16 peak. Assuming the same fraction of each card's own
+# peak: A100 (312 TFLOP/s) q = 4.90 ns; L4 (121 TFLOP/s) q = 12.6 ns. A lone sequence's K/V read is taken
+# as the batched rate (m = a): their anchors say nothing about it.
+# ---------------------------------------------------------------------------------------
+FLOP_PER_ATTN_PAIR_8B = 2 * 2 * 4096 * 32
+ATTN_PEAK_FRACTION = FLOP_PER_ATTN_PAIR_8B / H100_STEP.prefill_attn_per_pair_s / 989e12  # ~0.343
+
+
+def _derived_q(peak_bf16_flops: float) -> float:
+    return FLOP_PER_ATTN_PAIR_8B / (ATTN_PEAK_FRACTION * peak_bf16_flops)
+
+
+# ---------------------------------------------------------------------------------------
 # mistral-7b-a100
 # Source: GORGO, Table 1: SGLang serving Mistral-7B on one A100, TTFT measured over 87
 # WildChat prompts, linear fit TTFT = 150.72 ms + 0.0938 ms/token (high R^2).
 #  * decode step (batch 1): weights 7,241,732,096 params * 2 B = 14.48 GB; A100-80GB SXM
 #    HBM2e 2.039 TB/s (NVIDIA A100 datasheet) -> 7.1 ms pure weight read; public vLLM /
 #    SGLang batch-1 inter-token latencies for 7B fp16 on A100 are ~12-15 ms (bandwidth
-#    utilisation ~50-60 %, plus launch overhead).  We take step_base = 12 ms.
-#  * attention per context token: 131,072 B / 2.039e12 B/s = 64.3 ns.
-#  * prefill slope: the fitted 0.0938 ms/token covers GEMMs + attention of a prompt at
-#    batch 1, so prefill_per_token = 0.0938 ms - 64.3 ns = 0.0937357 ms (the prefill
-#    step of an n-token prompt attends over n context tokens).  Check: 2 * 7.24e9 FLOP
-#    / 0.0937 ms = 155 TFLOP/s = 50 % of the A100's 312 TFLOP/s bf16 peak: plausible.
-#  * fixed overhead: 150.72 ms intercept - 12 ms step base = 138.72 ms per request.
-#    => TTFT(n) at batch 1 = 138.72 + 12 + 0.0938 n ms, exactly the GORGO fit.
-#  * decode_per_seq: same GEMM cost per token as the prefill slope (see module doc).
-#  * KV: 80 GiB * 0.9 - 14.48 GB = 62.83 GB / 128 KiB = 479,323 tokens = 29,957 blocks
-#    of 16 tokens.
+#    utilisation ~50-60 %, plus launch overhead).  We take o = 12 ms (no knee: k = 0).
+#  * a = m: reading one token's K/V, 131,072 B / 2.039e12 B/s = 64.3 ns.
+#  * q = 4.90 ns per pair (derived above).
+#  * g: a prefill of n tokens at batch 1 costs o + g*n + max(q*n^2/2, a*n). GORGO's line is linear over
+#    its 87 WildChat prompts (lengths not given), so its 0.0938 ms/token slope absorbed the attention's
+#    n^2 term. g is the minimax choice that keeps batch-1 TTFT closest to GORGO's line over 16..4,000-token
+#    prompts: g = 86.57 us/token, within 2.0 % of the line there (+11 % at 8,000 tokens, where the n^2
+#    term dominates and a line no longer describes the engine). 2 * 7.24e9 FLOP / 86.57 us = 167 TFLOP/s
+#    = 54 % of the A100's 312 TFLOP/s bf16 peak.
+#  * fixed overhead: 150.72 ms intercept - 12 ms = 138.72 ms per request.
+#  * KV: 80 GiB * 0.9 - 14.48 GB = 62.83 GB / 128 KiB = 479,323 tokens = 29,957 blocks of 16 tokens.
 #  * limits: max_num_seqs 256 (vLLM default); max_num_batched_tokens 8192 (SGLang's
 #    default chunked_prefill_size on >= 80 GB GPUs), so prompts <= 8k prefill in one step.
 # ---------------------------------------------------------------------------------------
@@ -163,12 +249,12 @@ _MISTRAL_ATTN = KV_BYTES_PER_TOKEN_8B / _A100_BW
 MISTRAL_7B_A100 = EngineProfile(
     name="mistral-7b-a100",
     source=("GORGO Table 1 (SGLang, Mistral-7B, 1x A100): TTFT = 150.72 ms + 0.0938 ms/token "
-            "(linear fit, 87 WildChat prompts); decode floor from A100 HBM 2.039 TB/s; "
+            "(linear fit, 87 WildChat prompts); decode floor from A100 HBM 2.039 TB/s; prefill attention "
+            "derived from the H100 fit's fraction of peak (not measured); "
             "KV from 128 KiB/token on 80 GiB * 0.9 - 14.48 GB weights"),
-    step_base_s=0.012,
-    prefill_per_token_s=0.0938e-3 - _MISTRAL_ATTN,
-    decode_per_seq_s=0.0938e-3 - _MISTRAL_ATTN,
-    attn_per_ctx_token_s=_MISTRAL_ATTN,
+    step=StepModel(overhead_s=0.012, gemm_per_token_s=8.657e-5, knee_tokens=0,
+                   decode_attn_per_ctx_token_s=_MISTRAL_ATTN, prefill_attn_per_pair_s=_derived_q(312e12),
+                   lone_attn_per_ctx_token_s=_MISTRAL_ATTN),
     ttft_overhead_s=0.15072 - 0.012,
     num_gpu_blocks=_kv_blocks(_A100_HBM, _MISTRAL_W),  # 29,957
     block_tokens=16,
@@ -188,12 +274,12 @@ MISTRAL_7B_A100 = EngineProfile(
 # one NVIDIA L4 (24 GB GDDR6, 300 GB/s); SkyLB observed 20-50 outstanding requests per
 # L4 replica.  SkyLB gives one end-to-end figure, so we attribute all of it to the
 # prefill step (ttft_overhead = 0) to avoid inventing a split:
-#    TTFT(512) at batch 1 = step_base + 512 * (prefill_per_token + attn) = 300 ms.
-#  * decode step floor: 8,030,261,248 params * 2 B = 16.06 GB / 300 GB/s = 53.5 ms.
-#  * attention per context token: 131,072 B / 300e9 B/s = 0.437 us.
-#  * prefill slope: (300 - 53.5) ms / 512 - 0.437 us = 0.4810 ms/token
-#    (= 2 * 8.03e9 FLOP / 0.481 ms = 33 TFLOP/s, 27 % of the L4's 121 TFLOP/s dense
-#    bf16 peak; the 72 W L4 is power-limited, so plausible).
+#    TTFT(512) at batch 1 = o + 512 * g + max(q * 512^2 / 2, a * 512) = 300 ms.
+#  * o: 8,030,261,248 params * 2 B = 16.06 GB / 300 GB/s = 53.5 ms (no knee: k = 0).
+#  * a = m: 131,072 B / 300e9 B/s = 0.437 us per context token.
+#  * q = 12.6 ns per pair (derived above): 1.65 ms for the 512-token prompt.
+#  * g: (300 - 53.5 - 1.65) ms / 512 = 0.478 ms/token (2 * 8.03e9 FLOP / 0.478 ms = 34 TFLOP/s, 28 %
+#    of the L4's 121 TFLOP/s dense bf16 peak; the 72 W L4 is power-limited, so plausible).
 #  * KV: nvidia-smi reports 23,034 MiB on an L4: 23,034 MiB * 0.9 - 16.06 GB = 5.68 GB
 #    / 128 KiB = 43,312 tokens = 2,707 blocks.
 #  * limits: vLLM defaults on < 70 GiB GPUs for the OpenAI server: max_num_seqs 256,
@@ -201,18 +287,18 @@ MISTRAL_7B_A100 = EngineProfile(
 # ---------------------------------------------------------------------------------------
 _L4_HBM = 23_034 * 2**20
 _L4_BW = 300e9
-_LLAMA8B_W = 8_030_261_248 * 2
 _L4_BASE = _LLAMA8B_W / _L4_BW  # 53.5 ms
 _L4_ATTN = KV_BYTES_PER_TOKEN_8B / _L4_BW
-_L4_PREFILL = (0.300 - _L4_BASE) / 512 - _L4_ATTN
+_L4_Q = _derived_q(121e12)
+_L4_PAIRS_512 = max(_L4_Q * 512 * 256, _L4_ATTN * 512)
 LLAMA31_8B_L4 = EngineProfile(
     name="llama3.1-8b-l4",
     source=("SkyLB §2.1: ~300 ms prefill of a 512-token prompt, Llama-3.1-8B-Instruct on 1x L4; "
-            "decode floor 16.06 GB / 300 GB/s; KV from 128 KiB/token on 23,034 MiB * 0.9 - 16.06 GB"),
-    step_base_s=_L4_BASE,
-    prefill_per_token_s=_L4_PREFILL,
-    decode_per_seq_s=_L4_PREFILL,
-    attn_per_ctx_token_s=_L4_ATTN,
+            "decode floor 16.06 GB / 300 GB/s; prefill attention derived from the H100 fit's fraction of "
+            "peak (not measured); KV from 128 KiB/token on 23,034 MiB * 0.9 - 16.06 GB"),
+    step=StepModel(overhead_s=_L4_BASE, gemm_per_token_s=(0.300 - _L4_BASE - _L4_PAIRS_512) / 512, knee_tokens=0,
+                   decode_attn_per_ctx_token_s=_L4_ATTN, prefill_attn_per_pair_s=_L4_Q,
+                   lone_attn_per_ctx_token_s=_L4_ATTN),
     ttft_overhead_s=0.0,
     num_gpu_blocks=_kv_blocks(_L4_HBM, _LLAMA8B_W),  # 2,707
     block_tokens=16,
@@ -251,43 +337,8 @@ LLAMA31_8B_L4_SGLANG = replace(
     admission="sglang",
 )
 
-# ---------------------------------------------------------------------------------------
-# llama3.1-8b-h100  (DATASHEET-DERIVED ESTIMATE, not fitted to a TTFT measurement)
-# Source: NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s, 989 TFLOP/s dense bf16.
-#  * decode floor: 16.06 GB / 3.35 TB/s = 4.8 ms; with the same ~60 % achieved bandwidth
-#    as on the A100 profile (7.1 ms ideal -> 12 ms): ~8 ms.
-#  * prefill slope: 2 * 8.03e9 FLOP at 50 % MFU (the A100 profile's measured MFU)
-#    = 16.06e9 / 494.5e12 = 32.5 us/token.
-#  * fixed overhead: taken as 20 ms (no measurement; API server + tokenisation).
-#  * KV: 80 GiB * 0.9 - 16.06 GB = 61.25 GB / 128 KiB = 467,291 tokens = 29,205 blocks.
-#  * limits: vLLM defaults on >= 70 GiB Hopper GPUs for the OpenAI server:
-#    max_num_seqs 1024, max_num_batched_tokens 8192.
-# ---------------------------------------------------------------------------------------
-_H100_HBM = 80 * 2**30
-_H100_BW = 3.35e12
-LLAMA31_8B_H100 = EngineProfile(
-    name="llama3.1-8b-h100",
-    source=("ESTIMATE from NVIDIA H100 SXM datasheet (3.35 TB/s, 989 TFLOP/s bf16) with the "
-            "bandwidth/MFU efficiencies measured for mistral-7b-a100; not directly measured"),
-    step_base_s=0.008,
-    prefill_per_token_s=2 * 8_030_261_248 / (0.5 * 989e12),
-    decode_per_seq_s=2 * 8_030_261_248 / (0.5 * 989e12),
-    attn_per_ctx_token_s=KV_BYTES_PER_TOKEN_8B / _H100_BW,
-    ttft_overhead_s=0.020,
-    num_gpu_blocks=_kv_blocks(_H100_HBM, _LLAMA8B_W),  # 29,205
-    block_tokens=16,
-    max_num_seqs=1024,
-    max_num_batched_tokens=8192,
-    max_model_len=32768,
-    gpu="NVIDIA H100-SXM5-80GB",
-    model="meta-llama/Llama-3.1-8B-Instruct",
-    hbm_bytes=_H100_HBM,
-    hbm_bandwidth_bytes_s=_H100_BW,
-    weight_bytes=_LLAMA8B_W,
-)
-
 PROFILES: dict[str, EngineProfile] = {
-    p.name: p for p in (MISTRAL_7B_A100, LLAMA31_8B_L4, LLAMA31_8B_L4_SGLANG, LLAMA31_8B_H100)
+    p.name: p for p in (MISTRAL_7B_A100, LLAMA31_8B_L4, LLAMA31_8B_L4_SGLANG, LLAMA31_8B_H100, LLAMA31_8B_H200)
 }
 
 

@@ -254,13 +254,20 @@ class SGLangEngineModel(EngineModel):
     def _run_prefill(self, batch: list) -> StepOutput:
         """A prefill-only step: prompts advance by their ``sched`` tokens; a finished prompt samples its
         token and joins the running batch (or finishes); the unfinished one stays the chunked request."""
-        prefill = ctx = 0
+        prefill = 0
+        attn = pairs = 0.0
+        q, m = self._q, self._m
         first, first_seqs, tokens, finished = [], [], [], []
         running = self._running
         for s in batch:
             n = s.sched
-            c = s.num_computed + n
-            ctx += c
+            before = s.num_computed
+            c = before + n
+            pr = n * (before + 0.5 * n)
+            pairs += pr
+            pr *= q
+            rd = m * c
+            attn += pr if pr > rd else rd
             prefill += n
             s.num_computed = c
             if self._caching and s.next_hash < len(s.hashes):
@@ -285,9 +292,10 @@ class SGLangEngineModel(EngineModel):
             self._num_finished += len(finished)
             self._batch_full = False  # the merge saw the prefill batch shrink (scheduler.py:1309-1311)
         self._num_steps += 1
-        dur = self._base + self._p_pre * prefill + self._p_ctx * ctx
+        dur = self._step.time_of(prefill, len(batch), 0, 0, 0, attn)
         self._busy_s += dur
         self._work_prefill += prefill
+        self._work_pairs += pairs
         return StepOutput(dur, first, tokens, finished, [], prefill, 0,
                           self._first_timings(first_seqs, self._now + dur))
 

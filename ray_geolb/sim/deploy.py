@@ -43,9 +43,10 @@ the issue-5 systems, each with its paper's intended deployment:
   the ``cost`` selector with ``GORGO_COST`` (``REGION_LAYER.peer_selectors["gorgo"]``: RTT + residual
   prefill; the peer's queue left out, as in GORGO's code; staying is an option when the local queue
   estimate is cheaper). ``t_p`` is GORGO's measured constant (§4.2, Table 1: the TTFT-vs-input-tokens
-  slope of the serving engine), here the deployment's engine profile's batch-1 TTFT line:
-  ``t_p = prefill_per_token_s + attn_per_ctx_token_s``, base ``= ttft_overhead_s + step_base_s``
-  (:func:`gorgo_ttft_line`; on ``mistral-7b-a100`` exactly GORGO's 150.72 ms + 0.0938 ms/token);
+  slope of the serving engine), here the deployment's engine profile's batch-1 TTFT line: the
+  least-squares line through its batch-1 TTFTs of 16..2,048-token prompts (``EngineProfile.ttft_line``,
+  :func:`gorgo_ttft_line`; on ``mistral-7b-a100`` 148.97 ms + 0.0988 ms/token, within 5 % of GORGO's
+  150.72 ms + 0.0938 ms/token: the engine's prefill attention bends the line up a little);
 * ``gorgo-online`` — the same with ``t_p`` learned online from observed TTFTs (no floor), the
   variant this project ran as ``gorgo`` before;
 * ``gorgo-proxy`` — GORGO-proxy (§4.4): ONE central HTTP proxy running the GORGO cost over every
@@ -242,8 +243,8 @@ register_system("sp-p", "central", {"name": "sglang", "availability": {"mode": "
 def gorgo_ttft_line(profile: EngineProfile) -> Dict[str, Any]:
     """GORGO's constant TTFT line on ``profile`` (§4.2: measured offline, TTFT vs input tokens at batch 1):
     the ``ttft`` config of a cost policy that does not learn online."""
-    return {"online": False, "prior_tp_s": profile.prefill_per_token_s + profile.attn_per_ctx_token_s,
-            "prior_base_s": profile.ttft_overhead_s + profile.step_base_s}
+    base, slope = profile.ttft_line()
+    return {"online": False, "prior_tp_s": slope, "prior_base_s": base}
 
 
 def _gorgo_fixed(name: str) -> Callable[[EngineProfile], Dict[str, Any]]:

@@ -32,11 +32,11 @@ def test_batch_one_prefill_is_the_step_and_the_second_request_queues_for_the_fir
     tm = _drive(eng)
     a, a_first = tm["a"]
     b, b_first = tm["b"]
-    step_a = PROFILE.step_time(1000, 0, 1000)
+    step_a = PROFILE.step_time([(1000, 0)])
     assert a.queued_s == pytest.approx(0.0) and a.prefill_s == pytest.approx(step_a) and a.uncached_tokens == 1000
     assert a_first == pytest.approx(0.05 + step_a)  # TTFT = overhead + prefill
     # b reached the scheduler at 0.05 too, but its slot was a's until a finished (3 tokens)
-    assert b.queued_s > step_a and b.prefill_s == pytest.approx(PROFILE.step_time(500, 0, 500))
+    assert b.queued_s > step_a and b.prefill_s == pytest.approx(PROFILE.step_time([(500, 0)]))
     assert b_first == pytest.approx(0.05 + b.queued_s + b.prefill_s)
 
 
@@ -55,7 +55,7 @@ def test_chunked_prefill_spans_steps_and_counts_them_all():
     eng = EngineModel(PROFILE, EngineConfig.from_profile(PROFILE, ttft_overhead_s=0.0, max_num_batched_tokens=512))
     eng.add_request(EngineRequest("long", 1500, 1), 0.0)
     t, first = _drive(eng)["long"]
-    steps = PROFILE.step_time(512, 0, 512) + PROFILE.step_time(512, 0, 1024) + PROFILE.step_time(476, 0, 1500)
+    steps = PROFILE.step_time([(512, 0)]) + PROFILE.step_time([(512, 512)]) + PROFILE.step_time([(476, 1024)])
     assert t.prefill_s == pytest.approx(steps) and first == pytest.approx(steps)
 
 
@@ -79,10 +79,10 @@ def test_sglang_admission_reports_its_prefill_steps_as_the_vllm_model_does():
     assert tm["a"][0].uncached_tokens == 40 * B and tm["b"][0].uncached_tokens == 3000
     assert tm["c"][0].uncached_tokens < 2 * B  # its prefix was cached (the last block is recomputed)
     # b (3,000 tokens) is prefilled in two chunks of at most max_num_batched_tokens, after a's tokens
-    assert tm["b"][0].prefill_s > sgl.step_time(2048, 0, 2048)
+    assert tm["b"][0].prefill_s > sgl.step_time([(2048, 0)])
     work = eng.stats()["engine_work"]
     prefilled = 40 * B + 3000 + tm["c"][0].uncached_tokens
     assert work["prefill_tokens"] == prefilled
     assert work["decode_tokens"] == 3  # each request's second token (its first comes with its prefill)
     assert work["busy_s"] == pytest.approx(sum(durations))
-    assert work["busy_s"] > sgl.prefill_per_token_s * prefilled
+    assert work["busy_s"] > sgl.step.gemm_per_token_s * prefilled

@@ -3,8 +3,11 @@
 TTFT at several prompt lengths (GORGO Table 1, SkyLB §2.1), inter-token latency at several batch sizes
 and contexts (GORGO Appendix A, not used to build the profile), and how many requests an L4 runs at
 once (SkyLB §3.3). ``llama3.1-8b-l4`` cites no inter-token measurement (SkyLB gives only its 300 ms
-prefill; the decode floor is a datasheet derivation), so none is asserted for it; ``llama3.1-8b-h100``
-is an uncalibrated estimate."""
+prefill; the decode floor is a datasheet derivation), so none is asserted for it. The measured
+H100/H200 profiles are checked row by row in test_step_model_fits_gpu_measurements.py.
+
+Both older profiles gained a prefill-attention term derived (not measured) from the H100 fit: these
+anchors must still hold with it."""
 
 from __future__ import annotations
 
@@ -30,11 +33,23 @@ def ttft_batch1(profile_name: str, prompt_tokens: int, arrival: float = 5.0) -> 
             return now - arrival
 
 
-@pytest.mark.parametrize("n", [100, 250, 500, 1000, 2000, 4000, 8000])
+@pytest.mark.parametrize("n", [100, 250, 500, 1000, 2000, 3000, 4000])
 def test_mistral_7b_a100_matches_gorgo_ttft_fit(n):
-    # GORGO Table 1 (SGLang, Mistral-7B, one A100): TTFT = 150.72 ms + 0.0938 ms/token
+    # GORGO Table 1 (SGLang, Mistral-7B, one A100): TTFT = 150.72 ms + 0.0938 ms/token, fitted on 87 WildChat
+    # prompts. With prefill attention the engine's TTFT grows as n^2 for long prompts, so the line holds
+    # over a prompt range, not forever: within 5 % up to 4,000 tokens (profiles.py: the minimax g).
     expected = 0.15072 + 0.0938e-3 * n
     assert ttft_batch1("mistral-7b-a100", n) == pytest.approx(expected, rel=0.05)
+
+
+def test_mistral_7b_a100_line_bends_up_beyond_gorgos_range():
+    # the attention's n^2 term: 8,000 tokens cost more than the line says (about +11 %), as on a GPU
+    n = 8000
+    assert ttft_batch1("mistral-7b-a100", n) > 1.05 * (0.15072 + 0.0938e-3 * n)
+    # and GORGO's constant t_p on this engine (the line through batch-1 TTFTs, as GORGO measured it) is
+    # within 5 % of the paper's
+    base, slope = get_profile("mistral-7b-a100").ttft_line()
+    assert base == pytest.approx(0.15072, rel=0.05) and slope == pytest.approx(0.0938e-3, rel=0.05)
 
 
 def test_llama31_8b_l4_matches_skylb_prefill():
@@ -107,7 +122,11 @@ def test_kv_capacity_from_architecture():
     # SGLang's pool: mem_fraction_static 0.88 instead of vLLM's 0.9
     sgl = get_profile("llama3.1-8b-l4-sglang")
     assert sgl.num_gpu_blocks == int((23_034 * 2**20 * 0.88 - 8_030_261_248 * 2) // kv) // 16 == 2_476
-    assert sgl.admission == "sglang" and sgl.step_time(512, 0, 512) == l4.step_time(512, 0, 512)
+    assert sgl.admission == "sglang" and sgl.step_time([(512, 0)]) == l4.step_time([(512, 0)])
+    for name in ("llama3.1-8b-h100", "llama3.1-8b-h200"):  # from the card's memory as torch reports it
+        p = get_profile(name)
+        assert p.num_gpu_blocks == int((p.hbm_bytes * 0.9 - 8_030_261_248 * 2) // kv) // 16
+    assert get_profile("llama3.1-8b-h200").num_gpu_blocks > 1.9 * get_profile("llama3.1-8b-h100").num_gpu_blocks
 
 
 def test_every_profile_cites_its_source_and_is_sane():
@@ -115,8 +134,10 @@ def test_every_profile_cites_its_source_and_is_sane():
         assert p.name == name and len(p.source) > 20
         assert p.max_num_batched_tokens >= 512 and p.num_gpu_blocks >= 1000
         # decode step of a small batch is tens of ms at most; prefill per token < 1 ms
-        assert 0.001 < p.step_time(0, 8, 8 * 1000) < 0.2
-        assert p.prefill_per_token_s < 1e-3
+        assert 0.001 < p.step_time((), [1000] * 8) < 0.2
+        assert p.step.gemm_per_token_s < 1e-3
+        # prefill attention: R tokens after a c-token hit cost more than R tokens from zero
+        assert p.step_time([(1024, 8192)]) > p.step_time([(1024, 0)]) + 0.002
 
 
 def test_unknown_profile():

@@ -48,8 +48,8 @@ def test_honours_time_scale(scale):
     # one request, 40 output tokens: engine time = TTFT (overhead + prefill) + 39 decodes
     p, o = 1000, 40
     eng = engine()
-    expected_engine_s = PROFILE.ttft_overhead_s + PROFILE.step_time(p, 0, p)
-    expected_engine_s += sum(PROFILE.step_time(0, 1, p + k) for k in range(1, o))
+    expected_engine_s = PROFILE.ttft_overhead_s + PROFILE.step_time([(p, 0)])
+    expected_engine_s += sum(PROFILE.step_time((), [p + k]) for k in range(1, o))
 
     async def main():
         drv = AsyncEngineDriver(eng, time_scale=scale)

@@ -52,8 +52,11 @@ def test_seed_systems_have_their_intended_deployment():
     for d in (g, gp, deployment_for("gorgo", reps, profile="mistral-7b-a100", **kw)):
         assert d.policy["ttft"]["online"] is False
     line = deployment_for("gorgo", reps, profile="mistral-7b-a100", **kw).policy["ttft"]
-    assert line["prior_tp_s"] == pytest.approx(0.0938e-3) and line["prior_base_s"] == pytest.approx(0.15072)
-    assert a100.prefill_per_token_s + a100.attn_per_ctx_token_s == pytest.approx(0.0938e-3)
+    # GORGO's Table 1 line, as a batch-1 TTFT regression on this engine measures it (prefill attention bends
+    # the engine's TTFT up a little: within 5 % of the paper's 150.72 ms + 0.0938 ms/token)
+    assert (line["prior_base_s"], line["prior_tp_s"]) == a100.ttft_line()
+    assert line["prior_tp_s"] == pytest.approx(0.0938e-3, rel=0.05)
+    assert line["prior_base_s"] == pytest.approx(0.15072, rel=0.05)
     assert g.policy["ttft"]["prior_tp_s"] == pytest.approx(0.300 / 512, rel=0.25)  # the L4 default profile
     online = deployment_for("gorgo-online", reps, **kw)
     assert online.policy == "gorgo" and online.two_layer == g.two_layer
@@ -182,12 +185,13 @@ def test_tp_regression_in_the_simulator_converges_to_the_profile_prefill_slope(s
     assert src == "pooled"
     # the fit is learned (not the prior) and close to the engine's per-token prefill cost
     prior = pol.ttft.config.prior_tp_s
-    assert abs(tp - prof.prefill_per_token_s) < 0.5 * abs(prior - prof.prefill_per_token_s), (tp, prior)
-    assert tp == pytest.approx(prof.prefill_per_token_s, rel=0.5), (tp, prof.prefill_per_token_s)
+    slope = prof.ttft_line()[1]  # the engine's batch-1 TTFT slope (GEMMs + attention of a prompt)
+    assert abs(tp - slope) < 0.5 * abs(prior - slope), (tp, prior)
+    assert tp == pytest.approx(slope, rel=0.5), (tp, slope)
     if source == "ttft":
         assert res.counters["requests_completed"] >= n
-    else:  # prefill time, not TTFT: the step fit is the profile's batch-1 slope
-        assert tp == pytest.approx(prof.prefill_per_token_s + prof.attn_per_ctx_token_s, rel=0.02)
+    else:  # prefill time, not TTFT: the step fit is the profile's per-token prefill time
+        assert tp == pytest.approx(slope, rel=0.05)
 
 
 @pytest.mark.parametrize("profile", ["llama3.1-8b-l4", "llama3.1-8b-l4-sglang", "llama3.1-8b-h100", "mistral-7b-a100"])
@@ -196,7 +200,7 @@ def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_do
     step-work fit (the default, ``ttft.source='engine_steps'``) lands within 10 % of the profile's prefill
     slope; a TTFT fit on the same run (GORGO-online's) does not."""
     prof = get_profile(profile)
-    slope = prof.prefill_per_token_s + prof.attn_per_ctx_token_s
+    slope = prof.ttft_line()[1]
     got = {}
     for source in ("engine_steps", "ttft"):
         dep = deployment_for({"name": "geoprefix", "ttft": {"source": source}, "tp_floor": "none"}, {"us": 2},
