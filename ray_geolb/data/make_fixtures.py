@@ -97,6 +97,43 @@ def servegen(src: Path, n_clients: int = 24, day_s: int = 86400) -> None:
               ",".join(header) + "\n" + "".join(",".join(r) + "\n" for r in keep))
 
 
+def gpu_step_times(src: Path) -> None:
+    """The GPU step times (``gpu_step_times/``): each run's rows ``[P, c, B, L, median_s]`` and the held-out
+    ``validation`` steps, per card (the step-time fit's input; ``python -m ray_geolb.engine.step_fit``)."""
+    d = src / "gpu_step_times"
+
+    def run(name: str) -> dict:
+        r = json.loads((d / name).read_text())
+        info = r["info"]
+        out = {"file": name, "gpu": info["gpu"], "sms": info.get("sms"), "mem_total_bytes": info.get("mem_total"),
+               "torch": info["torch"],
+               "rows": [[x["P"], x["c"], x["B"], x["L"], round(x["median_s"], 9)] for x in r["rows"]]}
+        if "validation" in r:
+            out["validation"] = [{"chunks": x["chunks"], "B": x["B"], "L": x["L"], "median_s": round(x["median_s"], 9)}
+                                 for x in r["validation"]]
+        return out
+
+    fx = {
+        "what": "GPU time (median of 10 CUDA-graph replays) of ONE continuous-batching step of a Llama-3.1-8B-shaped "
+                "transformer (bf16, random weights, torch SDPA). A row [P, c, B, L, median_s] = one prefill chunk of "
+                "P new tokens over c cached ones plus B decodes of context L each. 'validation' = held-out steps with "
+                "several prefill chunks [[P_i, c_i], ...]: never fitted on.",
+        "source": "Measured for this project on 2026-11-26 with measure_step_times.py (../shared/data/gpu_step_times/, "
+                  "README there): one H100 80GB HBM3 SXM (two machines: run1, run2 with the validation list) and one "
+                  "H200, driver 580.159.04, PyTorch 2.11.0+cu130. Derived here: the rows' configuration and median_s "
+                  "only.",
+        "license": "measurements made for this project; use freely",
+        "model": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 128256},
+        "cards": {
+            "h100-sxm": [run("llama3.1-8b_h100-sxm_steps.json"),
+                         run("llama3.1-8b_h100-sxm_steps_run2_with_validation.json")],
+            "h200": [run("llama3.1-8b_h200_steps.json")],
+        },
+    }
+    (OUT / "gpu_step_times").mkdir(exist_ok=True)
+    (OUT / "gpu_step_times" / "llama3.1-8b_steps.json").write_text(json.dumps(fx, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -108,6 +145,7 @@ def main(argv: list[str] | None = None) -> None:
     head_lines(src / "azure_llm_2023" / "AzureLLMInferenceTrace_code.csv", OUT / "azure_code_2000.csv", 2001)
     head_lines(src / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv", OUT / "azure_conv_2000.csv", 2001)
     servegen(src)
+    gpu_step_times(src)
     shutil.copyfile(src / "region_latency" / "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv",
                     OUT / "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv")
     for p in sorted(OUT.iterdir()):
