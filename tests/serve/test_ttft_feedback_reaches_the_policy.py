@@ -168,7 +168,7 @@ def test_emulated_engine_reports_wall_clock_ttft_samples_since_last_report():
     B = eng.model.config.block_tokens
     assert x2 == reqs[1].prompt_tokens - ((reqs[1].prompt_tokens - 1) // B) * B  # all but the last block hit
     # wall clock = engine seconds x time_scale (batch size 1: overhead + one prefill step)
-    expect1 = scale * (prof.ttft_overhead_s + prof.step_time(x1, 0, x1))
+    expect1 = scale * prof.batch1_ttft(x1)
     assert y1 == pytest.approx(expect1, rel=0.25, abs=0.01)
     assert y2 < y1
     assert "ttft_samples" not in eng.stats()  # drained: only samples since the previous report
