@@ -17,8 +17,9 @@ per phase):
    recomputed on resume).
 3. ``_admit_waiting``, only if nothing was preempted this step: admit from the head of the
    waiting queue while ``len(running) < max_num_seqs``, token budget remains and KV blocks
-   suffice.  Prefix caching (``_prefix_hits``): the longest run of leading ``block_hashes``
-   present in the cache (held by running requests or unreferenced in the LRU free list) is
+   suffice for the whole prompt (``reserve_full_prompt``, vLLM 0.29's default), not only the
+   chunk.  Prefix caching (``_prefix_hits``): the longest run of leading ``block_hashes`` present
+   in the cache (held by running requests or unreferenced in the LRU free list) is
    reused and not prefilled (capped, like vLLM, so that at least the last prompt token is
    computed).  With chunked prefill a prompt longer than the remaining budget is split
    across steps.
@@ -35,8 +36,8 @@ KV cache (block granular, O(1) per block op):
     the prefix cache; ``_lru``: ordered dict of cached blocks with refcount 0 (evictable,
     oldest first).  Used blocks = total - empty - evictable.
   * New blocks come from empty blocks first, then by evicting the LRU cached block.
-    (vLLM has a single free queue, so it may evict a cached block while an empty one
-    sits further back; preferring empty blocks keeps slightly more cache.)
+    (vLLM 0.29 frees unhashed blocks to the front of its single free queue and cached ones to the
+    tail, block_pool.py, so it too takes empty blocks before evicting cached ones.)
   * A full prompt block gets registered under its hash once computed; if that hash is
     already cached (the last prompt block is always recomputed, or two requests prefilled
     the same prefix concurrently) the request shares the cached block and its own copy is
@@ -85,6 +86,9 @@ class EngineConfig(AdmissionParams):  # + the admission semantics (AdmissionPara
     ttft_overhead_s: float
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
+    #: admit a request only if the blocks of its WHOLE prompt are free, not just its first chunk's (vLLM 0.29's
+    #: ``scheduler_reserve_full_isl=True`` default: vllm/v1/core/kv_cache_manager.py ``full_sequence_must_fit``)
+    reserve_full_prompt: bool = True
 
     @classmethod
     def from_profile(cls, profile: EngineProfile, **overrides) -> "EngineConfig":
@@ -188,6 +192,7 @@ class EngineModel:
         self._max_tokens = c.max_num_batched_tokens
         self._caching = c.enable_prefix_caching
         self._chunked = c.enable_chunked_prefill
+        self._reserve_full = c.reserve_full_prompt
         self._overhead = c.ttft_overhead_s
         self._total_blocks = c.num_gpu_blocks
         self._step = profile.step  # StepModel: the GPU time of one step (engine/step_model.py)
@@ -453,7 +458,12 @@ class EngineModel:
                     break
                 n = budget
             need = (computed + n + B - 1) // B - hits
-            if need > self._num_free + len(lru) - in_lru:
+            check = need
+            if self._reserve_full:
+                full = (s.num_tokens + B - 1) // B - hits
+                if full > check:
+                    check = full
+            if check > self._num_free + len(lru) - in_lru:
                 break
             waiting.popleft()
             self._lock_prefix(s, hits)

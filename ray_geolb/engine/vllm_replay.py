@@ -265,13 +265,13 @@ class EngineModelSide:
 
     def __init__(self, num_blocks: int, max_num_seqs: int, max_num_batched_tokens: int,
                  max_model_len: int = 8192, step_model: Optional[StepModel] = None,
-                 record: bool = True) -> None:
+                 record: bool = True, reserve_full_prompt: bool = True) -> None:
         prof = replace(get_profile(_PROFILE), ttft_overhead_s=0.0)
         cfg = EngineConfig.from_profile(prof, num_gpu_blocks=num_blocks - 1, max_num_seqs=max_num_seqs,
                                         max_num_batched_tokens=max_num_batched_tokens,
                                         max_model_len=max_model_len, block_tokens=BLOCK,
                                         ttft_overhead_s=0.0, enable_prefix_caching=True,
-                                        enable_chunked_prefill=True)
+                                        enable_chunked_prefill=True, reserve_full_prompt=reserve_full_prompt)
         self.eng = EngineModel(prof, cfg)
         self.step_model = step_model or default_step_model()
         self._now = 0.0
@@ -350,11 +350,13 @@ def replay(trace: Sequence[TraceRequest], num_blocks: int, max_num_seqs: int, ma
            reserve_full_isl: bool = True) -> CrosscheckResult:
     """Replay ``trace`` through vLLM's scheduler and the EngineModel in lockstep (module docstring).
     ``reserve_full_isl``: vLLM's ``scheduler_reserve_full_isl`` (its default True: admit a waiting request
-    only if its whole prompt fits in the free blocks; the engine model checks only the first chunk)."""
+    only if its whole prompt fits in the free blocks), and the engine model's ``reserve_full_prompt``: both
+    sides follow the same rule."""
     sm = step_model or default_step_model()
     vl = VllmSchedulerSide(num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, sm,
                            reserve_full_isl)
-    en = EngineModelSide(num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, sm)
+    en = EngineModelSide(num_blocks, max_num_seqs, max_num_batched_tokens, max_model_len, sm,
+                         reserve_full_prompt=reserve_full_isl)
     by_step: Dict[int, List[Tuple[str, TraceRequest]]] = {}
     for i, r in enumerate(trace):
         by_step.setdefault(r.arrival_step, []).append((_rid(i, r), r))

@@ -460,3 +460,23 @@ def test_an_abort_keeps_counting_requests_that_still_wait():
     assert eng.stats()["num_waiting"] == 2
     eng.abort("w1")
     assert eng.stats()["num_waiting"] == 1
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_admission_reserves_the_whole_prompt_as_vllm_does(reserve):
+    """vLLM 0.29 admits a waiting request only if the blocks of its whole prompt are free
+    (``scheduler_reserve_full_isl``), not only its first chunk's; ``reserve_full_prompt`` (default on)
+    does the same. 10 blocks of 16 tokens; ``a`` holds 6; ``b`` (5 blocks of prompt, 2-block chunks) fits
+    its first chunk but not its prompt: it waits with the rule, and is admitted without it."""
+    eng = make(num_gpu_blocks=10, max_num_batched_tokens=33, reserve_full_prompt=reserve)
+    eng.add_request(EngineRequest("a", 96, 50), 0.0)
+    now = 0.0
+    while True:  # a prefills in chunks of 33 tokens: 6 blocks
+        out = eng.step(now)
+        now += out.duration
+        if out.first_tokens:
+            break
+    eng.add_request(EngineRequest("b", 80, 2), now)
+    eng.step(now)  # a decodes (its 7th block); b's first 32-token chunk needs 2 of the 3 left, its prompt 5
+    st_ = eng.stats()
+    assert (st_["num_running"], st_["num_waiting"]) == ((1, 1) if reserve else (2, 0))
