@@ -7,11 +7,14 @@ request whose prompt is one of 3 shared 256-token system prompts + the whole his
 message (text "tokenised" as one id per 4 characters), max tokens = the answer's length (capped at
 512); conversations start uniformly over the first 300 steps, a turn arrives ~its answer length + a
 think gap after the previous one. vLLM is fed the answer's tokens as its sampled tokens, so its cached
-output blocks can hit in the next turn, as in a real multi-turn chat.
+output blocks can hit in the next turn, as in a real multi-turn chat; the engine model is given the
+answer's block hashes after the prompt's and caches those blocks as they fill (as the simulator does
+for conversation turns whose reply the next turn replays).
 
 Prints (1) the lockstep agreement table (ray_geolb.engine.vllm_replay.replay) for an H100-sized KV
-cache and for a tight one that forces preemptions (the latter also with vLLM's
-``scheduler_reserve_full_isl`` off, to isolate that rule), and (2) the CPU time per step of vLLM's
+cache and for a tight one that forces preemptions (the latter also with the whole-prompt admission rule
+off on both sides: vLLM's ``scheduler_reserve_full_isl``, the engine's ``reserve_full_prompt``), and
+(2) the CPU time per step of vLLM's
 ``schedule()+update_from_output()`` vs ``EngineModel.step()`` by batch-size band, with the StepModel
 GPU time of the same steps (what the wall-clock emulator sleeps).
 """

@@ -41,7 +41,9 @@ KV cache (block granular, O(1) per block op):
   * A full prompt block gets registered under its hash once computed; if that hash is
     already cached (the last prompt block is always recomputed, or two requests prefilled
     the same prefix concurrently) the request shares the cached block and its own copy is
-    freed.  Decode blocks are never cached (their tokens are not known).
+    freed.  An output block is cached the same way when it fills, if the request carries its
+    hash (``EngineRequest.block_hashes`` past the prompt: the reply's text is known to a caller
+    whose next turn replays it); vLLM caches full output blocks, and the next turn hits them.
   * Blocks of a finished/preempted request are released tail-first so that the tail of
     a prefix is evicted before its head.
 
@@ -119,6 +121,8 @@ class EngineRequest:
     request_id: str
     prompt_tokens: int
     output_tokens: int
+    #: chained hashes of the prompt's full blocks, optionally followed by those of the output's (the reply
+    #: the next turn will replay): full output blocks are cached as they fill, as vLLM caches them
     block_hashes: Sequence[int] = ()
     #: the client's max_tokens (None: not sent). vLLM mode ignores it; SGLang reserves KV for it.
     max_new_tokens: Optional[int] = None
@@ -247,7 +251,9 @@ class EngineModel:
             raise ValueError(
                 f"request {rid!r} can never fit in the KV cache: needs {need} blocks of {B} "
                 f"tokens for {p} prompt + {o} output tokens, cache has {self._total_blocks}")
-        hashes = list(req.block_hashes[: p // B]) if self._caching else []
+        # full blocks of prompt + fed-back output (p + o - 1 tokens): vLLM caches output blocks too, so a
+        # caller that knows the reply's text (the next turn replays it) passes its hashes after the prompt's
+        hashes = list(req.block_hashes[: (p + o - 1) // B]) if self._caching else []
         ready = now + self._overhead
         s = _Seq(rid, p, o, hashes, now, ready)
         self._reqs[rid] = s
@@ -586,9 +592,9 @@ class EngineModel:
 
         Exactly what :meth:`step` does for such a batch (same allocation order, same preemption
         victims, frees after all allocations, same duration expression), in one pass: each request
-        takes one token; no admission can happen (nothing waits) and no prompt block gets
-        registered (a decoding request registered all its full prompt blocks when its prefill
-        completed).
+        takes one token; no admission can happen (nothing waits); an output block gets registered
+        when it fills, if the request was given its hash (a decoding request registered all its full
+        prompt blocks when its prefill completed).
         """
         B = self._B
         preempted = []
@@ -608,6 +614,8 @@ class EngineModel:
             ctx += c
             if c > lmax:
                 lmax = c
+            if s.next_hash < len(s.hashes) and c // B > s.next_hash:
+                self._register_blocks(s, c)  # a full output block (its hash was given: EngineRequest)
             o = s.num_output + 1
             s.num_output = o
             tokens.append(s.id)

@@ -290,9 +290,11 @@ class EngineModelSide:
 
             eng._apply = _apply
 
-    def add(self, rid: str, token_ids: Sequence[int], max_tokens: int) -> None:
-        self.eng.add_request(EngineRequest(rid, len(token_ids), max_tokens,
-                                           token_block_hashes(token_ids)), self._now)
+    def add(self, rid: str, token_ids: Sequence[int], max_tokens: int, output_ids: Sequence[int] = ()) -> None:
+        # the answer's blocks too, when the trace knows it (vLLM caches full output blocks; the engine model
+        # caches those it is given hashes for)
+        ids = tuple(token_ids) + tuple(output_ids[:max_tokens])
+        self.eng.add_request(EngineRequest(rid, len(token_ids), max_tokens, token_block_hashes(ids)), self._now)
 
     def has_work(self) -> bool:
         return self.eng.has_work()
@@ -377,7 +379,7 @@ def replay(trace: Sequence[TraceRequest], num_blocks: int, max_num_seqs: int, ma
     while step < max_steps:
         for rid, r in by_step.get(step, ()):
             vl.add(rid, r.prompt_token_ids, r.max_tokens, r.output_token_ids)
-            en.add(rid, r.prompt_token_ids, r.max_tokens)
+            en.add(rid, r.prompt_token_ids, r.max_tokens, r.output_token_ids)
         if step > last_arrival and not vl.has_work() and not en.has_work():
             break
         recs = (vl.step(), en.step())
@@ -472,7 +474,7 @@ def time_steps(trace: Sequence[TraceRequest], num_blocks: int, max_num_seqs: int
     now = 0.0
     for step in range(max_steps):
         for rid, r in by_step.get(step, ()):
-            en.add(rid, r.prompt_token_ids, r.max_tokens)
+            en.add(rid, r.prompt_token_ids, r.max_tokens, r.output_token_ids)
         if step > last and not eng.has_work():
             break
         t0 = pc()

@@ -48,6 +48,11 @@ class IdealPrefixCache:
         seen.update(block_hashes)
         return k * self.block_tokens
 
+    def remember(self, block_hashes) -> None:
+        """Blocks a request's reply will fill (its prompt's were remembered by :meth:`observe`): an engine
+        caches full output blocks, so the next turn, which replays the reply, can hit them."""
+        self._seen.update(block_hashes)
+
     def count(self, prompt_tokens: int, hit_tokens: int) -> None:
         self.hit_tokens += hit_tokens
         self.query_tokens += prompt_tokens

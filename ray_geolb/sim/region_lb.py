@@ -234,7 +234,11 @@ class RegionLB:
         ttft = None
         if req.t_first is not None:
             ttft = req.t_first + sim.one_way(req.replica.region, self.region) - req.t_disp
-        self.policy.on_complete(req.rid, req.replica.id, sim.now, ttft_s=ttft, ok=True, req=req.rreq)
+        self.policy.on_complete(req.rid, req.replica.id, sim.now, ok=True, req=req.rreq)
+        if ttft is not None and req.eng_uncached is not None:
+            # as in Serve, where the replicas report (tokens the engine prefilled, TTFT): the router's own
+            # estimate at dispatch misses what the replica cached without it (the replies of earlier turns)
+            self.policy.observe_ttft(req.replica.id, req.eng_uncached, ttft)
         self.router.on_local_complete(sim.now)  # the 'cost' selector's local drain rate (stay_slot_wait)
         self.pump()
 

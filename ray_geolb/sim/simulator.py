@@ -171,7 +171,7 @@ class _Run:
 class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
                  "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp",
-                 "max_tokens", "ideal_hit")
+                 "max_tokens", "ideal_hit", "kv_hashes", "eng_uncached")
 
     def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send, max_tokens=None):
         self.rid = rid
@@ -182,6 +182,8 @@ class _Req:
         self.prompt = prompt
         self.out = out
         self.hashes = hashes
+        self.kv_hashes = hashes  # what the engine may cache: the prompt's blocks, then the reply's if known
+        self.eng_uncached = None  # prompt tokens the engine prefilled (its RequestTiming), as a replica reports
         self.t_send = t_send
         self.t_lb = 0.0
         self.lb_wait = 0.0
@@ -538,6 +540,12 @@ class Simulator:
                             region=region, tenant=call.tenant, driver_data=hashes)
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
         req.ideal_hit = self.ideal.observe(ntok, hashes)
+        full = call.text_with_reply
+        if full is not None:  # the engine caches the reply's blocks as it decodes them (vLLM does)
+            kv = self._blocks(full)[1]
+            if kv[:len(hashes)] == hashes:
+                req.kv_hashes = kv
+                self.ideal.remember(kv)
         self._inflight += 1
         self._to_lb(req)
 
@@ -634,7 +642,7 @@ class Simulator:
 
     # ------------------------------------------------------------------ replicas
     def _on_rep_arrive(self, rep: _Replica, req: _Req):
-        rep.engine.add_request(EngineRequest(req.rid, req.prompt, req.out, req.hashes, req.max_tokens), self.now)
+        rep.engine.add_request(EngineRequest(req.rid, req.prompt, req.out, req.kv_hashes, req.max_tokens), self.now)
         self._reqs[req.rid] = req
         if not rep.stepping:
             self._step(rep)
@@ -673,6 +681,8 @@ class Simulator:
             req = reqs[rid]
             req.t_first = now
             ideal.count(req.prompt, req.ideal_hit)
+        for tm in out.timings:
+            reqs[tm.request_id].eng_uncached = tm.uncached_tokens
         if out.finished:
             ow = self.one_way
             for rid in out.finished:

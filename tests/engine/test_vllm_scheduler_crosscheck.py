@@ -85,3 +85,23 @@ def test_large_cache_identical(trace):
     assert r.first_divergence_step is None and not r.divergences
     assert (r.agree_scheduled, r.agree_tokens, r.agree_hits, r.finish_step_agree) == (1.0, 1.0, 1.0, 1.0)
     assert r.sim_time_s[0] == pytest.approx(r.sim_time_s[1], rel=1e-12)
+
+
+def test_multi_turn_hits_on_cached_answers_match_vllm():
+    """vLLM caches full output blocks, so turn 2 (turn 1's prompt + its answer + a new question) hits the
+    answer too. Given the answer's block hashes (EngineRequest.block_hashes past the prompt), the engine
+    model caches them as they fill: the same hit tokens as vLLM, step for step."""
+    rng = random.Random(7)
+    trace = []
+    for i in range(8):
+        p1 = tuple(rng.randrange(1, 120000) for _ in range(rng.randint(200, 500)))
+        ans = tuple(rng.randrange(1, 120000) for _ in range(rng.randint(64, 160)))
+        q2 = tuple(rng.randrange(1, 120000) for _ in range(rng.randint(20, 80)))
+        trace.append(TraceRequest(i, p1, len(ans), f"c{i}t1", ans))
+        trace.append(TraceRequest(i + 40, p1 + ans + q2, 16, f"c{i}t2"))
+    r = replay(trace, num_blocks=3000, max_num_seqs=16, max_num_batched_tokens=512)
+    assert r.unfinished == (0, 0) and not r.divergences
+    assert r.hit_tokens[0] == r.hit_tokens[1]
+    # more than the prompts alone could give: the answers' full blocks hit as well
+    prompt_only = sum((len(t.prompt_token_ids) // 16) * 16 for t in trace[0::2])
+    assert r.hit_tokens[1] > prompt_only

@@ -198,7 +198,10 @@ def test_tp_regression_in_the_simulator_converges_to_the_profile_prefill_slope(s
 def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_does_not(profile):
     """Issue 13 item 3: 120 clients on 2 replicas behind SP-P, so most of each TTFT is queueing. GeoPrefix's
     step-work fit (the default, ``ttft.source='engine_steps'``) lands within 10 % of the profile's prefill
-    slope; a TTFT fit on the same run (GORGO-online's) does not."""
+    slope, and closer than a TTFT fit (GORGO-online's) on the same run. Since the simulator feeds the TTFT
+    fit what replicas report in Serve (tokens the engine prefilled, not the router's estimate), the TTFT
+    fit is within 10 % on the L4 here (1.04x) but clamps to 0 on the SGLang L4 and lands at 2.4x on the H100
+    and 7.4x on the A100, where queueing dominates the TTFTs (the step fit: 0.98x / 0.98x / 1.05x / 0.93x)."""
     prof = get_profile(profile)
     slope = prof.ttft_line()[1]
     got = {}
@@ -214,4 +217,5 @@ def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_do
         assert src == "pooled"
         got[source] = tp / slope
     assert got["engine_steps"] == pytest.approx(1.0, abs=0.10), got
-    assert abs(got["ttft"] - 1.0) > 0.10, got
+    print(profile, got)
+    assert abs(got["engine_steps"] - 1.0) < abs(got["ttft"] - 1.0), got

@@ -81,7 +81,8 @@ def conversation_program(conv: Conversation, program_id: str, region: str, *, sa
             out = min(out, max_tokens)
             reply = reply[: 4 * max_tokens]
         calls.append(Call(messages=list(history), output_tokens=out, session_key=key,
-                          depends_on=(k - 1,) if k else (), tenant=tenant, max_tokens=max_tokens))
+                          depends_on=(k - 1,) if k else (), tenant=tenant, max_tokens=max_tokens,
+                          reply=reply if k + 1 < len(turns) else None))
         history.append({"role": "assistant", "content": reply})
     return Program(program_id, region, calls)
 

@@ -26,6 +26,9 @@ class Call:
     #: the client's ``max_tokens`` (None: not sent); ``output_tokens`` never exceeds it. A vLLM engine
     #: ignores it; an SGLang engine reserves KV for it when it admits the request.
     max_tokens: int | None = None
+    #: the reply this call's output stands for when a later call replays it (a conversation's next turn):
+    #: the engine caches the KV blocks of prompt + reply as vLLM caches full output blocks. None: unknown.
+    reply: str | None = None
 
     def __post_init__(self) -> None:
         if (self.messages is None) == (self.prompt is None):
@@ -45,6 +48,17 @@ class Call:
         if self.prompt is not None:
             return canonical_text(self.prompt)
         return canonical_text({"messages": self.messages})
+
+    @property
+    def text_with_reply(self) -> str | None:
+        """The canonical text of prompt + reply (a prefix of the next turn's text), or None without a reply."""
+        if self.reply is None:
+            return None
+        from ray_geolb.policy.canonical import canonical_text
+
+        if self.prompt is not None:
+            return canonical_text(self.prompt + self.reply)
+        return canonical_text({"messages": self.messages + [{"role": "assistant", "content": self.reply}]})
 
     @property
     def input_tokens(self) -> int:
