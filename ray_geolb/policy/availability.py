@@ -55,7 +55,8 @@ from dataclasses import dataclass
 from itertools import repeat
 from typing import Dict, Hashable, Iterable, Optional, Set, Tuple
 
-__all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLES", "parse_ttft_samples"]
+__all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLES", "parse_ttft_samples",
+           "parse_engine_work", "EngineWorkError", "ENGINE_WORK_FIELDS", "ENGINE_WORK_OPTIONAL"]
 
 AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
 #: most TTFT samples one report may carry (a replica sends only those since its previous report)
@@ -85,16 +86,40 @@ def _count_or_none(v, what: str) -> Optional[int]:
 
 
 ENGINE_WORK_FIELDS = ("steps", "prefill_tokens", "decode_tokens", "busy_s")
+#: optional ``engine_work`` counters (an older replica's report omits them and stays valid)
+ENGINE_WORK_OPTIONAL = ("prefill_pairs",)
 
 
-def parse_engine_work(v) -> Optional[Tuple[float, float, float, float]]:
-    """Validate a report's ``engine_work``: ``{"steps", "prefill_tokens", "decode_tokens", "busy_s"}``,
-    finite non-negative cumulative counters (None if absent)."""
+class EngineWorkError(ValueError):
+    """A report's ``engine_work`` is malformed; ``field`` names the offending counter (``engine_work.<name>``,
+    or ``engine_work`` for the whole value). A ``ValueError``: callers that reject bad reports catch it."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(message)
+        self.field = field
+
+
+def parse_engine_work(v) -> Optional[Tuple[float, ...]]:
+    """Validate a report's ``engine_work``: ``{"steps", "prefill_tokens", "decode_tokens", "busy_s"}`` and
+    optionally ``"prefill_pairs"`` (the summed ``P·(c + P/2)`` over prefill chunks: new tokens × tokens
+    attended, the prefill-attention work), finite non-negative cumulative counters. Returns
+    ``(steps, prefill_tokens, decode_tokens, busy_s)``, with ``prefill_pairs`` appended when the report has
+    it; None if ``v`` is None. A bad value raises :class:`EngineWorkError` naming the field."""
     if v is None:
         return None
     if not isinstance(v, dict):
-        raise ValueError(f"engine_work must be a dict of {ENGINE_WORK_FIELDS}, got {type(v).__name__}")
-    return tuple(_nonneg_number(v.get(k), f"engine_work.{k}") for k in ENGINE_WORK_FIELDS)
+        raise EngineWorkError("engine_work", f"engine_work must be a dict of {ENGINE_WORK_FIELDS} (+ optional "
+                                             f"{ENGINE_WORK_OPTIONAL}), got {type(v).__name__}")
+    out = []
+    for k in ENGINE_WORK_FIELDS + ENGINE_WORK_OPTIONAL:
+        x = v.get(k)
+        if x is None and k in ENGINE_WORK_OPTIONAL:
+            continue
+        try:
+            out.append(_nonneg_number(x, f"engine_work.{k}"))
+        except ValueError as e:
+            raise EngineWorkError(f"engine_work.{k}", str(e)) from None
+    return tuple(out)
 
 
 def parse_ttft_samples(v) -> Optional[Tuple[Tuple[float, float], ...]]:
@@ -133,9 +158,10 @@ class ReplicaStats:
     num_gpu_blocks: Optional[int] = None
     block_tokens: Optional[int] = None
     ttft_samples: Optional[Tuple[Tuple[float, float], ...]] = None
-    #: cumulative engine step work ``(steps, prefill_tokens, decode_tokens, busy_s)`` since the engine
-    #: started (report key ``engine_work``); a cost policy differences two reports to fit t_p
-    engine_work: Optional[Tuple[float, float, float, float]] = None
+    #: cumulative engine step work ``(steps, prefill_tokens, decode_tokens, busy_s[, prefill_pairs])`` since
+    #: the engine started (report key ``engine_work``; :func:`parse_engine_work`); a cost policy differences
+    #: two reports to fit t_p (and, with ``prefill_pairs``, the prefill-attention price per pair)
+    engine_work: Optional[Tuple[float, ...]] = None
 
     _ALIASES = {
         "num_waiting": ("num_waiting", "num_waiting_reqs", "waiting", "pending"),

@@ -7,6 +7,12 @@ For each candidate replica ``r``:
             + q̂ · t_p(r) · Q(r)                       admission delay: queued tokens × t_p
             [+ w_shared · t_p(r) · (L − L_hit(r)) · outstanding(r)]
 
+With ``price_cached_context`` (GeoPrefix) the residual prefill of ``R = L − L_hit(r)`` tokens after the
+``c = L_hit(r)`` cached ones also pays its attention, ``t_p·R + q·R·(c + R/2)`` (``q`` = seconds per
+prefill-attention pair, learned online from the engines' ``prefill_pairs``; 0 until learned), in the
+residual and shared terms alike, and the queue term adds ``q̂ · q · Q_pairs(r)``: the pairs of the unseen
+dispatches (each priced at its own dispatch) plus reported waiting × the mean pairs per request.
+
 * ``L`` = the request's prompt tokens; ``L_hit(r)`` = the prefix this LB already sent to ``r`` (the
   approximate prefix index), in tokens at ``chars_per_token`` characters per token, capped at L
   (:func:`~ray_geolb.policy.matching.discounted_hits`: minimum length and age discount);
@@ -35,7 +41,7 @@ from .base import Decision
 from .config import PolicyConfig, PrefixIndexConfig
 from .matching import discounted_hits
 from .prefix_policy import PrefixPolicy
-from .ttft_model import TtftModel, TtftModelConfig, WorkItem, WorkTracker
+from .ttft_model import TtftModel, TtftModelConfig, WorkItem, WorkTracker, prefill_pairs
 
 __all__ = ["CostConfig", "CostPolicy"]
 
@@ -64,6 +70,11 @@ class CostConfig(PolicyConfig):
                                                   "matched ones and the `sample_unmatched` least loaded")
     sample_unmatched: int = Field(8, ge=1,
                                   description="unmatched replicas priced when more than `exact_upto` are eligible")
+    price_cached_context: bool = Field(
+        False, description="price the residual prefill's attention over the cached context: t_p·R + q·R·(c + R/2) "
+                           "(R uncached tokens after c cached ones; q per prefill-attention pair, fitted online on "
+                           "the engines' step work when reports carry prefill_pairs, ttft.source='engine_steps'), "
+                           "and the queued requests' pairs alike; False: the linear t_p·R (q = 0; GORGO)")
     tp_floor: Literal["none", "prior"] = Field(
         "none", description="lower bound on the fitted t_p: 'none' (the fit as is) or 'prior' (never below "
                             "ttft.prior_tp_s: a fit dominated by queueing can clamp to 0, which erases the "
@@ -77,8 +88,9 @@ class CostPolicy(PrefixPolicy):
 
     def __init__(self, config=None, targets=(), clock=None, rtt_of_target: Callable = None, **kw):
         super().__init__(config, targets=targets, clock=clock, **kw)
-        self.ttft = TtftModel(self.config.ttft)
+        self.ttft = TtftModel(self.config.ttft, fit_pairs=self.config.price_cached_context)
         self.work = WorkTracker()
+        self._mean_pairs = 0.0  # mean prefill-attention pairs per dispatched request (price_cached_context)
         self._work_seen: Dict[Hashable, tuple] = {}  # target -> (timestamp, engine_work) of its last report
         self._mean_prompt = float(self.config.default_prompt_tokens)
         self._reason = f"{self.name}_cost"
@@ -137,20 +149,55 @@ class CostPolicy(PrefixPolicy):
             return 0.0 + self.work.unseen_uncached(target, None)
         return s.num_waiting * self._mean_prompt + self.work.unseen_uncached(target, s.timestamp)
 
-    def _floor(self, tp: float) -> float:
-        return max(tp, self.config.ttft.prior_tp_s) if self.config.tp_floor == "prior" else tp
+    def queued_pairs(self, target: Hashable) -> float:
+        """Prefill-attention pairs ahead of a new request at ``target`` (``price_cached_context``): reported
+        waiting × the mean pairs per request + the unseen dispatches' own."""
+        s = self.tracker.stats(target)
+        if s is None:
+            return self.work.unseen_sums(target, None)[2]
+        return s.num_waiting * self._mean_pairs + self.work.unseen_sums(target, s.timestamp)[2]
+
+    def pair_coef(self, target: Hashable = None) -> float:
+        """Seconds per prefill-attention pair at ``target`` (pooled with ``tp_scope='pooled'`` or ``target``
+        None); 0 without ``price_cached_context`` or before the fit has learned it."""
+        if not self.config.price_cached_context:
+            return 0.0
+        if target is None or self.config.tp_scope == "pooled":
+            return self.ttft.pair_coef()
+        return self.ttft.pair_coef(target)
+
+    def _floor(self, tp: float, qq: float = 0.0) -> float:
+        """``tp_floor='prior'``: the prior is a TTFT slope (per token of a prompt prefilled from zero), so with
+        a per-pair price ``qq`` the floor holds for ``t_p + qq·mean_prompt/2`` (the slope of a mean prompt),
+        not for the per-token term alone, which the pairs fit leaves net of attention."""
+        if self.config.tp_floor != "prior":
+            return tp
+        if qq:
+            return max(tp, self.config.ttft.prior_tp_s - qq * 0.5 * self._mean_prompt)
+        return max(tp, self.config.ttft.prior_tp_s)
 
     def pooled_t_p(self) -> float:
         """Seconds per prefill token over this LB's replicas (the pooled fit, ``tp_floor`` applied)."""
+        if self.config.price_cached_context:
+            return self._floor(self.ttft.t_p(), self.ttft.pair_coef())
         return self._floor(self.ttft.t_p())
 
     def region_t_p(self) -> float:
-        """The region layer's t_p for this LB's replicas (``LocalLayer``): the pooled fit, floor applied."""
-        return self.pooled_t_p()
+        """The region layer's t_p for this LB's replicas (``LocalLayer``): the pooled fit, floor applied. The
+        region layer prices prefill linearly; with ``price_cached_context`` it gets the per-token price of a
+        mean prompt prefilled from zero, ``t_p + q·mean_prompt/2`` (what the 3-term fit's t_p approximates)."""
+        tp = self.pooled_t_p()
+        if self.config.price_cached_context:
+            tp += self.ttft.pair_coef() * 0.5 * self._mean_prompt
+        return tp
 
     def t_p(self, target: Hashable) -> float:
         """Seconds per prefill token at ``target`` (its own fit, or the pooled one; see ``tp_scope``)."""
-        return self.pooled_t_p() if self.config.tp_scope == "pooled" else self._floor(self.ttft.t_p(target))
+        if self.config.tp_scope == "pooled":
+            return self.pooled_t_p()
+        if self.config.price_cached_context:
+            return self._floor(self.ttft.t_p(target), self.ttft.pair_coef(target))
+        return self._floor(self.ttft.t_p(target))
 
     def costs(self, req, eligible, now: float) -> Dict[Hashable, float]:
         """Estimated cost per candidate. Up to ``exact_upto`` eligible replicas every one is priced;
@@ -169,12 +216,22 @@ class CostPolicy(PrefixPolicy):
             cands = [t for t in eligible if t in hits] + rest
         req.note_pricing(self, hits, cands)  # read back at dispatch (_record) and by _pick
         L = req.prompt_tokens
-        pooled_tp = self.pooled_t_p() if cfg.tp_scope == "pooled" else None
+        pairs = cfg.price_cached_context
+        qq = 0.0
+        if cfg.tp_scope != "pooled":
+            pooled_tp = None
+        elif pairs:
+            qq = self.ttft.pair_coef()  # = self.pair_coef(), and pooled_t_p() from the same q
+            pooled_tp = self._floor(self.ttft.t_p(), qq)
+        else:
+            pooled_tp = self.pooled_t_p()
         rtt = self.rtt if self._rtt_fn is not None else None
         w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
         queued_tokens = self.queued_tokens
         out_of = self.tracker._out  # outstanding(t), inlined
         qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
+        stats_of = self.tracker.stats
+        unseen_sums = self.work.unseen_sums
         out = {}
         for t in cands:
             if qt_pooled is not None:
@@ -182,8 +239,24 @@ class CostPolicy(PrefixPolicy):
             else:
                 tp = self.t_p(t)
                 qt = q_hat * tp
-            residual = tp * max(0.0, L - hits.get(t, 0.0))
-            c = w_prefill * residual + qt * queued_tokens(t)  # qt = q_hat * tp
+                if pairs:
+                    qq = self.pair_coef(t)
+            if qq:  # R uncached after h cached: t_p·R + q·R·(h + R/2), and the queued pairs
+                h = hits.get(t, 0.0)
+                r = L - h if L > h else 0.0
+                residual = tp * r + qq * r * (h + 0.5 * r)
+                s = stats_of(t)  # queued_tokens(t) and queued_pairs(t) from one look-up
+                if s is None:
+                    m = unseen_sums(t, None)
+                    c = w_prefill * residual + qt * m[1] + q_hat * qq * m[2]
+                else:
+                    m = unseen_sums(t, s.timestamp)
+                    w = s.num_waiting
+                    c = (w_prefill * residual + qt * (w * self._mean_prompt + m[1])
+                         + q_hat * qq * (w * self._mean_pairs + m[2]))
+            else:
+                residual = tp * max(0.0, L - hits.get(t, 0.0))
+                c = w_prefill * residual + qt * queued_tokens(t)  # qt = q_hat * tp
             if w_shared:
                 c += w_shared * residual * out_of.get(t, 0)
             if rtt is not None:
@@ -217,11 +290,14 @@ class CostPolicy(PrefixPolicy):
             hits = self._hits(req, [target], now)  # not priced at choice time (e.g. Ray picked another replica)
         uncached = max(0.0, req.prompt_tokens - hits.get(target, 0.0))
         super()._record(req, target, now)
+        pairs = prefill_pairs(uncached, req.prompt_tokens - uncached) if self.config.price_cached_context else 0.0
         self.work.add(WorkItem(req.request_id, target, now, req.prompt_tokens, uncached,
-                               req.output_tokens_hint))
+                               req.output_tokens_hint, pairs))
         self._seen_prompts += 1
         n = min(self._seen_prompts, 256)  # running mean, then an EWMA over ~256 requests
         self._mean_prompt += (req.prompt_tokens - self._mean_prompt) / n
+        if self.config.price_cached_context:
+            self._mean_pairs += (pairs - self._mean_pairs) / n
 
     def on_complete(self, request_id, target=None, now=0.0, ttft_s=None, ok=True, req=None):
         item = self.work.pop(request_id)
@@ -232,7 +308,9 @@ class CostPolicy(PrefixPolicy):
     def on_stats(self, target, stats):
         """The report, and (``ttft.source='engine_steps'``) the step work since this target's previous
         report: differences of the cumulative ``engine_work`` counters (a restart -- counters going back --
-        only resets the baseline; an older report than the baseline is ignored)."""
+        only resets the baseline; an older report than the baseline is ignored). ``prefill_pairs`` is
+        differenced too when both reports carry it (the 5th counter; ``zip`` stops at 4 otherwise, and the
+        interval feeds the 3-term fit only)."""
         super().on_stats(target, stats)
         work = stats.engine_work
         if work is None or self.ttft.config.source != "engine_steps" or target not in self._target_set:
@@ -267,4 +345,6 @@ class CostPolicy(PrefixPolicy):
         d = super().describe()
         b, s, src = self.ttft.line()
         d.update(base_s=b, t_p_s=s, t_p_source=src, mean_prompt_tokens=self._mean_prompt)
+        if self.config.price_cached_context:
+            d.update(prefill_pair_s=self.pair_coef(), mean_prefill_pairs=self._mean_pairs)
         return d

@@ -20,6 +20,16 @@ slope is fitted instead on the engines' own work between two reports (``observe_
 steps, prefill tokens and decode tokens, by least squares; reports carry the cumulative counters as
 ``engine_work``): prefill time, not TTFT.
 
+**Prefill attention** (``TtftModel(fit_pairs=True)``, GeoPrefix with ``price_cached_context``). A prefill
+chunk of ``P`` new tokens after ``c`` cached or computed ones attends to ``P·(c + P/2)`` (new, attended)
+token pairs, so ``R`` uncached tokens after a prefix hit of ``c`` cost ``t_p·R + q·R·(c + R/2)``: more
+than ``R`` tokens from zero, and a long cached context saves more than ``t_p`` per cached token. When the
+reports carry ``prefill_pairs`` (the cumulative sum of ``P·(c + P/2)`` over prefill chunks) the work fit
+gains that column -- ``busy_s = a·steps + t_p·prefill + t_d·decode + q·prefill_pairs``, ``q >= 0`` -- and
+learns the per-pair coefficient ``q`` online, with no profile constant (:func:`work_fit_pairs`). Without
+the column (older replicas), or when it is degenerate (every prompt alike: pairs ∝ prefill tokens), the
+3-term fit stands and ``q = 0``: the linear price.
+
 **Work accounting.** :class:`WorkTracker` keeps, per target, the requests this router dispatched
 and has not seen complete — dispatch time, prompt tokens, estimated uncached tokens and expected
 output tokens — so a policy can tell which work a replica's last stats report had not yet seen
@@ -28,6 +38,7 @@ output tokens — so a policy can tell which work a replica's last stats report 
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Deque, Dict, Hashable, Iterator, List, Literal, Optional, Tuple
@@ -37,7 +48,8 @@ from pydantic import Field
 
 from .config import _Strict
 
-__all__ = ["TtftModelConfig", "TtftModel", "theil_sen", "work_fit", "WorkTracker", "WorkItem", "POOLED"]
+__all__ = ["TtftModelConfig", "TtftModel", "theil_sen", "work_fit", "work_fit_pairs", "WorkTracker", "WorkItem",
+           "POOLED", "prefill_pairs"]
 
 POOLED = "__pooled__"
 
@@ -61,6 +73,10 @@ class TtftModelConfig(_Strict):
         "ttft", description="what the online t_p is fitted on: 'ttft' = (uncached tokens, TTFT) samples (queueing "
                             "included); 'engine_steps' = the engines' busy time over their steps, prefill and "
                             "decode tokens between two reports (observe_work): prefill time, not TTFT")
+    pair_min_t: float = Field(
+        3.0, ge=0.0, description="with the prefill-attention fit (TtftModel(fit_pairs=True)): the t-statistic the "
+                                 "per-pair coefficient q needs in the 4-term work fit; below it q = 0 and the "
+                                 "3-term fit stands (short prompts: attention is noise in the busy time)")
 
 
 _TRIU: Dict[int, Tuple["np.ndarray", "np.ndarray"]] = {}
@@ -123,34 +139,84 @@ def work_fit(rows: List[Tuple[float, float, float, float]]) -> Optional[Tuple[fl
     return float(coef[0]), float(coef[1]), float(coef[2])
 
 
+def prefill_pairs(uncached: float, cached: float) -> float:
+    """Prefill-attention pairs of ``uncached`` new tokens after ``cached`` ones: ``R·(c + R/2)`` (the sum of
+    ``P·(c + P/2)`` over the chunks of one prompt, however it is chunked)."""
+    return uncached * (cached + 0.5 * uncached) if uncached > 0.0 else 0.0
+
+
+#: a column counts as independent when its scaled design keeps at least this relative singular value
+_PAIRS_RCOND = 1e-6
+
+
+def work_fit_pairs(rows: List[Tuple[float, float, float, float, float]],
+                   min_t: float = 3.0) -> Optional[Tuple[float, float, float, float]]:
+    """Least squares ``busy_s = a·steps + t_p·prefill_tokens + t_d·decode_tokens + q·prefill_pairs`` with
+    ``q >= 0`` over ``rows`` of ``(steps, prefill, decode, busy_s, prefill_pairs)``: ``(a, t_p, t_d, q)``.
+
+    The 4-term fit when the pairs column is present (non-zero somewhere), independent of the others, gives
+    ``q >= 0`` and ``t_p > 0``, and identifies ``q``: its t-statistic (``q`` over its standard error from the
+    residuals) at least ``min_t``. Otherwise the 3-term :func:`work_fit` with ``q = 0`` (with one bounded
+    coefficient, a negative unconstrained ``q`` puts the constrained optimum on ``q = 0``: the 3-term fit).
+    The t-test matters on short prompts: attention is then ~1-3 % of the busy time, and what the columns
+    leave out (each decode's context read, the per-chunk launches) moves ``q`` by several times its value
+    (the simulator's ToT workload on the H100 profile: 8x, t = 2.4); with long contexts t is 12-120.
+    None when neither fits."""
+    n = len(rows)
+    if n >= 5:
+        a = np.asarray(rows, dtype=float)
+        x = a[:, (0, 1, 2, 4)]
+        y = a[:, 3]
+        scale = x.max(axis=0)
+        if (scale > 0).all():
+            xs = x / scale
+            cs, _res, rank, _sv = np.linalg.lstsq(xs, y, rcond=_PAIRS_RCOND)
+            if rank == 4:
+                coef = cs / scale
+                if coef[3] >= 0.0 and coef[1] > 0.0:
+                    r = y - xs @ cs
+                    var_q = float(r @ r) / (n - 4) * float(np.linalg.pinv(xs.T @ xs)[3, 3])
+                    if cs[3] * cs[3] >= min_t * min_t * var_q:
+                        return float(coef[0]), float(coef[1]), float(coef[2]), float(coef[3])
+    f = work_fit([r[:4] for r in rows])
+    return None if f is None else (f[0], f[1], f[2], 0.0)
+
+
 class _WorkWindow:
     """Step-work intervals of one key: those with prefill (``rows``, the window) and, apart, a few without
     (``idle``: decode-only intervals pin the base and decode terms; kept apart so that a long decode-only
-    stretch does not push every prefill out of the window)."""
+    stretch does not push every prefill out of the window). A row is ``(steps, prefill, decode, busy_s,
+    prefill_pairs)``, the last NaN when the report had no ``prefill_pairs``; ``fit`` is ``(base, t_p, q)``."""
 
     __slots__ = ("rows", "idle", "fit", "dirty")
 
     def __init__(self, n: int):
-        self.rows: Deque[Tuple[float, float, float, float]] = deque(maxlen=n)
-        self.idle: Deque[Tuple[float, float, float, float]] = deque(maxlen=max(4, n // 4))
-        self.fit: Optional[Tuple[float, float]] = None
+        self.rows: Deque[Tuple[float, float, float, float, float]] = deque(maxlen=n)
+        self.idle: Deque[Tuple[float, float, float, float, float]] = deque(maxlen=max(4, n // 4))
+        self.fit: Optional[Tuple[float, float, float]] = None
         self.dirty = 0
 
 
 class TtftModel:
     """Per-key (replica or region) online TTFT lines with pooled and prior fallbacks."""
 
-    def __init__(self, config: Optional[TtftModelConfig] = None):
+    def __init__(self, config: Optional[TtftModelConfig] = None, fit_pairs: bool = False):
+        """``fit_pairs``: with ``source='engine_steps'``, also learn the per-pair prefill-attention coefficient
+        ``q`` (:meth:`pair_coef`) from reports that carry ``prefill_pairs``; then ``t_p`` is the per-token
+        term net of attention. False: the 3-term fit, ``q = 0`` (the linear price)."""
         if isinstance(config, dict):
             config = TtftModelConfig.model_validate(config)
         self.config = config or TtftModelConfig()
+        self.fit_pairs = bool(fit_pairs)
         self._w: Dict[Hashable, _Window] = {}
         self._work: Dict[Hashable, _WorkWindow] = {}
 
     def observe_work(self, key: Hashable, steps: float, prefill_tokens: float, decode_tokens: float,
-                     busy_s: float) -> bool:
-        """Step work an engine did between two of its reports (differences of ``engine_work``). Used when
-        ``source='engine_steps'``; False (ignored) otherwise, or for an empty or invalid interval."""
+                     busy_s: float, prefill_pairs: Optional[float] = None) -> bool:
+        """Step work an engine did between two of its reports (differences of ``engine_work``;
+        ``prefill_pairs`` None when the reports lack it). Used when ``source='engine_steps'``; False
+        (ignored) otherwise, or for an empty or invalid interval (a bad ``prefill_pairs`` alone is dropped:
+        the interval still counts for the 3-term fit)."""
         cfg = self.config
         if not cfg.online or cfg.source != "engine_steps":
             return False
@@ -160,6 +226,15 @@ class TtftModel:
             return False
         if not all(v >= 0.0 and v != float("inf") for v in row) or row[0] <= 0:
             return False
+        pairs = math.nan
+        if prefill_pairs is not None:
+            try:
+                pp = float(prefill_pairs)
+            except (TypeError, ValueError):
+                pp = math.nan
+            if 0.0 <= pp < math.inf:
+                pairs = pp
+        row = row + (pairs,)
         for k in (key, POOLED):
             w = self._work.get(k)
             if w is None:
@@ -168,7 +243,7 @@ class TtftModel:
             w.dirty += 1
         return True
 
-    def _fit_work(self, key: Hashable) -> Optional[Tuple[float, float]]:
+    def _fit_work(self, key: Hashable) -> Optional[Tuple[float, float, float]]:
         w = self._work.get(key)
         if w is None:
             return None
@@ -176,10 +251,28 @@ class TtftModel:
         if w.dirty and (w.dirty >= cfg.refit_every or w.fit is None):
             w.dirty = 0
             if len(w.rows) >= cfg.min_samples:  # a failed refit (collinear window) keeps the last fit
-                f = work_fit(list(w.rows) + list(w.idle))
+                f = None
+                if self.fit_pairs:  # on the intervals whose reports carried prefill_pairs, if enough do
+                    known = [r for r in w.rows if r[4] == r[4]]
+                    if len(known) >= cfg.min_samples:
+                        f = work_fit_pairs(known + [r for r in w.idle if r[4] == r[4]], cfg.pair_min_t)
+                if f is None:
+                    f3 = work_fit([r[:4] for r in w.rows] + [r[:4] for r in w.idle])
+                    f = None if f3 is None else (f3[0], f3[1], f3[2], 0.0)
                 if f is not None and f[1] > 0:
-                    w.fit = (cfg.prior_base_s, min(f[1], cfg.max_tp_s))
+                    w.fit = (cfg.prior_base_s, min(f[1], cfg.max_tp_s), f[3])
         return w.fit
+
+    def pair_coef(self, key: Hashable = POOLED) -> float:
+        """Seconds per prefill-attention pair (``q``) of ``key``'s step-work fit, with the same key / pooled
+        fallback as :meth:`line`; 0 without a fit (``fit_pairs`` off, another source, no ``prefill_pairs`` in
+        the reports, or too few intervals yet): the linear price."""
+        if not self.fit_pairs or not self.config.online or self.config.source != "engine_steps":
+            return 0.0
+        f = self._fit_work(key) if key != POOLED else None
+        if f is None:
+            f = self._fit_work(POOLED)
+        return f[2] if f is not None else 0.0
 
     def observe(self, key: Hashable, uncached_tokens: float, ttft_s: float) -> bool:
         """Add a sample; False (ignored) if it is not a finite non-negative pair, or the model is not online
@@ -265,6 +358,8 @@ class WorkItem:
     prompt_tokens: int
     uncached_tokens: float
     output_tokens: int
+    #: prefill-attention pairs of its residual prefill (:func:`prefill_pairs`; 0 when not priced)
+    pairs: float = 0.0
 
 
 class WorkTracker:
@@ -273,7 +368,8 @@ class WorkTracker:
     def __init__(self):
         self._by_target: Dict[Hashable, Dict[Hashable, WorkItem]] = {}
         self._req: Dict[Hashable, WorkItem] = {}
-        self._uncached_memo: Dict[Hashable, Tuple[Optional[float], float]] = {}  # target -> (since, sum)
+        # target -> (since, sum of uncached tokens, sum of pairs) of its unseen work
+        self._uncached_memo: Dict[Hashable, Tuple[Optional[float], float, float]] = {}
 
     def add(self, item: WorkItem) -> None:
         if item.request_id in self._req:
@@ -304,12 +400,25 @@ class WorkTracker:
         m = self._uncached_memo.get(target)
         if m is not None and m[0] == since:
             return m[1]
+        return self._unseen_sums(target, since)[1]
+
+    def unseen_sums(self, target: Hashable, since: Optional[float]) -> Tuple[Optional[float], float, float]:
+        """``(since, uncached tokens, prefill-attention pairs)`` of the requests dispatched to ``target`` after
+        ``since``: the memo itself (no new tuple on a hit), for the cost loop."""
+        m = self._uncached_memo.get(target)
+        if m is not None and m[0] == since:
+            return m
+        return self._unseen_sums(target, since)
+
+    def _unseen_sums(self, target: Hashable, since: Optional[float]) -> Tuple[Optional[float], float, float]:
         u = 0.0
+        p = 0.0
         for it in self._by_target.get(target, {}).values():
             if since is None or it.t > since:
                 u += it.uncached_tokens
-        self._uncached_memo[target] = (since, u)
-        return u
+                p += it.pairs
+        m = self._uncached_memo[target] = (since, u, p)
+        return m
 
     def items(self, target: Hashable) -> Iterator[WorkItem]:
         return iter(self._by_target.get(target, {}).values())

@@ -45,7 +45,7 @@ _CAPACITY: Dict[int, Dict[str, Any]] = {}
 TTFT_SAMPLES_KEPT = 256
 _TTFT: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_KEPT)
 #: cumulative step work of this process's engines (``engine_work``; see :func:`add_iteration_work`)
-_WORK: Dict[str, float] = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "busy_s": 0.0}
+_WORK: Dict[str, float] = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "busy_s": 0.0, "prefill_pairs": 0.0}
 _LAST_ITER: Dict[int, tuple] = {}  # engine index -> (iteration timestamp, it had requests running)
 #: a gap between two iterations longer than this is not counted as busy time (the engine idled)
 MAX_ITERATION_GAP_S = 1.0
@@ -102,7 +102,7 @@ def reset_stats() -> None:
         _CAPACITY.clear()
         _TTFT.clear()
         _LAST_ITER.clear()
-        _WORK.update(steps=0, prefill_tokens=0, decode_tokens=0, busy_s=0.0)
+        _WORK.update(steps=0, prefill_tokens=0, decode_tokens=0, busy_s=0.0, prefill_pairs=0.0)
 
 
 def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx: int = 0) -> bool:
@@ -114,17 +114,35 @@ def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx:
     that finished prefill) as decode tokens, and as busy time the gap since this engine's previous
     iteration when that one had requests running (``SchedulerStats.num_running_reqs``) and the gap is
     under :data:`MAX_ITERATION_GAP_S`. Approximate per iteration; a router fits over many of them.
-    False (nothing added) when the stats lack these fields."""
+    False (nothing added) when the stats lack these fields.
+
+    ``prefill_pairs`` (the prefill-attention work GeoPrefix prices the cached context with): a request
+    whose prefill completes here, with ``R`` prompt tokens computed locally after ``c`` cached ones, adds
+    ``R·(c + R/2)`` (its chunks' ``P·(c + P/2)`` summed). vLLM 0.29 gives no per-request breakdown at prefill
+    completion: ``IterationStats.update_from_output`` folds each request's ``PrefillStats``
+    (``num_computed_tokens``, ``num_cached_tokens``) into the iteration's totals ``prompt_token_stats``
+    (``computed``, ``cached_tokens`` = local prefix-cache + external KV-transfer hits), and
+    ``time_to_first_tokens_iter`` gets one entry per request that finished prefill (no ids, no sizes);
+    ``FinishedRequestStats`` has ``num_prompt_tokens`` / ``num_cached_tokens`` per request but only when
+    the request *finishes*, possibly many reports later, in another interval. So with ``n`` requests
+    finishing prefill here, ``R_tot`` computed and ``C_tot`` cached tokens, we add
+    ``R_tot·(C_tot + R_tot/2) / n``: each request taken as the average one. Exact for ``n = 1`` (the
+    common case with long prompts: one prompt fills the token budget); for ``n > 1`` it underestimates
+    ``Σ R_i²/2`` (convexity) and replaces ``Σ R_i·c_i`` by ``R_tot·C_tot/n``. Like ``prefill_tokens``, it
+    counts a request's first prefill only: vLLM records ``PrefillStats`` at the first scheduling and emits
+    them with the first token, so a re-prefill after a preemption is in neither ``computed`` nor ``n``."""
     try:
         ts = float(iteration_stats.iteration_timestamp)
         gen = int(iteration_stats.num_generation_tokens)
         firsts = len(getattr(iteration_stats, "time_to_first_tokens_iter", ()) or ())
         pts = getattr(iteration_stats, "prompt_token_stats", None)
         prefill = int(pts.computed) if pts is not None else 0
+        cached = int(getattr(pts, "cached_tokens", 0) or 0) if pts is not None else 0
     except (AttributeError, TypeError, ValueError, OverflowError):
         return False
     if not math.isfinite(ts) or gen < 0 or prefill < 0:
         return False
+    pairs = prefill * (max(0, cached) + 0.5 * prefill) / max(1, firsts) if prefill > 0 else 0.0
     with _LOCK:
         prev = _LAST_ITER.get(engine_idx)
         _LAST_ITER[engine_idx] = (ts, bool(running))
@@ -134,6 +152,7 @@ def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx:
         _WORK["prefill_tokens"] += prefill
         _WORK["decode_tokens"] += max(0, gen - firsts)
         _WORK["busy_s"] += ts - prev[0]
+        _WORK["prefill_pairs"] += pairs
     return True
 
 

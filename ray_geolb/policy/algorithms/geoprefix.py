@@ -27,6 +27,12 @@ replicas,
   replica costs everyone there. Pricing that (``w_shared = 1``) keeps a request on its cached
   replica unless another replica is cheaper *including* the recompute it would impose; with only
   the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity.
+* **the cached context's attention** (``price_cached_context``, on): a prefill chunk attends to every
+  token before it, so ``R = L − L_hit(r)`` uncached tokens after ``c = L_hit(r)`` cached ones cost
+  ``t_p·R + q·R·(c + R/2)``, more than ``R`` tokens from zero, and a replica holding a long prefix saves
+  ``t_p·c + q·c²/2`` against one that prefills the whole prompt (the linear price: ``t_p·c``). ``q`` is
+  learned online with ``t_p`` from the engines' step work when their reports carry ``prefill_pairs``
+  (:func:`~ray_geolb.policy.ttft_model.work_fit_pairs`; no profile constant); until then ``q = 0``.
 * ``t_p`` is **floored at the prior** (``tp_floor="prior"``, GORGO Table 1's 0.0938 ms/token):
   observed TTFTs under load are mostly queueing, and the Theil–Sen slope then often clamps to 0;
   with ``t_p = 0`` every replica costs 0, ties go to the fewest outstanding requests and prefix
@@ -75,6 +81,9 @@ class GeoPrefix(CostPolicy):
                                                          "in flight at the replica")
         ttft: TtftModelConfig = Field(TtftModelConfig(source="engine_steps"),
                                       description="t_p fitted on the engines' step work (prefill time, not TTFT)")
+        price_cached_context: bool = Field(
+            True, description="residual prefill priced t_p·R + q·R·(c + R/2) with q (per prefill-attention pair) "
+                              "learned from the engines' prefill_pairs; False: the linear t_p·R of before")
 
 
 def geoprefix_two_layer(region: str, **over) -> dict:
