@@ -20,6 +20,7 @@ from .algorithms.consistent_hash import ConsistentHash
 from .algorithms.flowkv import FlowKV
 from .algorithms.geoprefix import GeoPrefix
 from .algorithms.gorgo import Gorgo, GorgoProxy
+from .algorithms.gorgo_v2 import GorgoV2
 from .algorithms.least_load import LeastLoad
 from .algorithms.oracle import Oracle
 from .algorithms.power_of_two import PowerOfTwo
@@ -52,6 +53,7 @@ POLICY_CLASSES: Dict[str, Type[Policy]] = {
     "skylb_ch": SkyLBCH,
     "gorgo": Gorgo,
     "gorgo_proxy": GorgoProxy,
+    "gorgo2": GorgoV2,
     "flowkv": FlowKV,
     "geoprefix": GeoPrefix,
 }

@@ -17,6 +17,7 @@ skylb                  SkyLB: longest approximate prefix match among available  
 skylb_ch               SkyLB-CH: ring walk skipping unavailable replicas                SP-P
 gorgo                  GORGO: min RTT + t_p·(L − L_hit) + q̂·t_p·queued tokens          SP-P
 gorgo_proxy            GORGO-proxy: the same cost over all regions' replicas (+ RTT)    SP-P
+gorgo2                 GORGO v2: w_rtt·RTT + w_prefill·uncached + w_load·queued, ES-tuned blind
 vllm_default           vLLM DP LB (BalanceRoute table): 4·waiting + running             blind
 jsq_load               BalanceRoute JSQ-Load: least KV load (usage + unseen tokens)     blind
 br0                    BR-0-style marginal KV overflow, JSQ-load tie-break              blind
