@@ -51,6 +51,10 @@ the issue-5 systems, each with its paper's intended deployment:
   variant this project ran as ``gorgo`` before;
 * ``gorgo-proxy`` — GORGO-proxy (§4.4): ONE central HTTP proxy running the GORGO cost over every
   replica of every region, network term = RTT client -> proxy -> replica, constant ``t_p`` as ``gorgo``;
+* ``gorgo2`` — GORGO v2 (the rewritten 2026 paper, :mod:`~ray_geolb.policy.algorithms.gorgo_v2`): ONE
+  central proxy (the paper's only deployment) scoring ``w_rtt·RTT_ms + w_prefill·uncached + w_load·queued``
+  tokens over every replica, ``(w_rtt, w_load)`` tuned online by a (1+1)-ES on p95 TTFT;
+  ``gorgo2-static``: the same with the paper's learned weights frozen (w_rtt 0.276, w_queue 0.5);
 * ``geoprefix`` — ours: per-region LBs, ``geoprefix`` local policy, ``cost`` selector with
   ``GEOPREFIX_COST`` (remote queue included; ``REGION_LAYER.peer_selectors["geoprefix"]``, as the
   Serve app's default);
@@ -262,6 +266,13 @@ register_system("gorgo-online", "per-region", "gorgo",
 register_system("gorgo-proxy", "central", _gorgo_fixed("gorgo_proxy"),
                 "GORGO-proxy: one central proxy, GORGO cost (constant t_p) over every replica, "
                 "RTT client->proxy->replica", rtt_aware=True)
+register_system("gorgo2", "central", "gorgo2",
+                "GORGO v2 (2026 paper): one central proxy, w_rtt*RTT_ms + w_prefill*uncached + w_load*queued tokens "
+                "over every replica, (w_rtt, w_load) tuned online by a (1+1)-ES on p95 TTFT", rtt_aware=True)
+register_system("gorgo2-static", "central",
+                {"name": "gorgo2", "w_rtt": 0.276, "w_load": 0.5, "tune": {"enabled": False}},
+                "GORGO v2 with the weights its paper learned and froze (w_rtt 0.276, w_queue 0.5), no tuning",
+                rtt_aware=True)
 register_system("geoprefix", "per-region", "geoprefix",
                 "GeoPrefix (ours): per-region LBs, per-request TTFT cost, cost selector with the peer's queue")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
