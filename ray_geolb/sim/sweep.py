@@ -14,11 +14,12 @@ from __future__ import annotations
 import os
 import sys
 import time
+from contextlib import contextmanager
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from .scenarios import run_one
 
-__all__ = ["run_many", "grid", "ProgressBar"]
+__all__ = ["run_many", "grid", "ProgressBar", "ray_session"]
 
 
 class ProgressBar:
@@ -81,20 +82,56 @@ def grid(systems: Sequence[str], seeds: Sequence[int], replica_sets: Sequence[Di
     return runs
 
 
-def _remote_run(run):
-    return run_one(run)
+def _init_ray(address: Optional[str], num_cpus: int = 2) -> bool:
+    """Start (or join, with ``address``) Ray unless it is up; True when this call started it."""
+    import ray as ray_mod
+
+    if ray_mod.is_initialized():
+        return False
+    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {"env_vars": {"PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}}
+    if address:
+        ray_mod.init(address=address, runtime_env=env, log_to_driver=False)
+    else:
+        ray_mod.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env,
+                     log_to_driver=False)
+    return True
+
+
+@contextmanager
+def ray_session(ray: bool = False, address: Optional[str] = None, num_cpus: int = 2):
+    """Keep one Ray up across many :func:`run_many` calls (a search's rounds): started here (a fresh
+    local cluster, or ``address``) unless already up, shut down on exit if started here; a no-op
+    without ``ray``/``address``."""
+    started = False
+    if ray or address:
+        started = _init_ray(address, num_cpus)
+    try:
+        yield
+    finally:
+        if started:
+            import ray as ray_mod
+
+            ray_mod.shutdown()
+
+
+def _remote_run(run, fn=None):
+    return (fn or run_one)(run)
 
 
 def run_many(runs: List[dict], ray: bool = False, address: Optional[str] = None, progress: bool = True,
-             num_cpus: int = 2, on_result: Optional[Callable[[int, dict], None]] = None) -> List[dict]:
-    """Results in the order of ``runs``."""
+             num_cpus: int = 2, on_result: Optional[Callable[[int, dict], None]] = None,
+             fn: Optional[Callable[..., dict]] = None) -> List[dict]:
+    """Results in the order of ``runs``. ``fn(run, progress=None)`` turns a run into its result
+    (default :func:`~ray_geolb.sim.scenarios.run_one`; a module-level function, so Ray can ship it)."""
+    one = fn or run_one
     n = len(runs)
     if not ray and not address:
         out = []
         for i, r in enumerate(runs):
             bar = ProgressBar(r["sim"]["duration_s"], f"[{i + 1}/{n}] {r['label']}", enabled=progress)
             t0 = time.perf_counter()
-            m = run_one(r, progress=(lambda t, b=bar: b.update(t)) if progress else None)
+            m = one(r, progress=(lambda t, b=bar: b.update(t)) if progress else None)
             bar.update(r["sim"]["duration_s"], f"{time.perf_counter() - t0:.1f}s wall")
             bar.close()
             out.append(m)
@@ -104,19 +141,10 @@ def run_many(runs: List[dict], ray: bool = False, address: Optional[str] = None,
 
     import ray as ray_mod
 
-    started = False
-    if not ray_mod.is_initialized():
-        pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        env = {"env_vars": {"PYTHONPATH": pkg_root + os.pathsep + os.environ.get("PYTHONPATH", "")}}
-        if address:
-            ray_mod.init(address=address, runtime_env=env, log_to_driver=False)
-        else:
-            ray_mod.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=env,
-                         log_to_driver=False)
-        started = True
+    started = _init_ray(address, num_cpus)
     try:
         task = ray_mod.remote(num_cpus=1)(_remote_run)
-        refs = [task.remote(r) for r in runs]
+        refs = [task.remote(r, fn) for r in runs]
         idx = {ref: i for i, ref in enumerate(refs)}
         results: List[Optional[dict]] = [None] * n
         bar = ProgressBar(n, f"{n} runs on Ray", enabled=progress)

@@ -17,7 +17,8 @@ Data model
 * ``Workload(name, description, closed | open, meta)``.
 
 Builders: ``conversation``, ``tot``, ``mixed_tot``, ``prefix_repetition``, ``diurnal``, ``servegen``,
-``trace``, ``shared_context`` / ``shared_context_trace`` (long contexts shared across regions) and
+``trace``, ``shared_context`` / ``shared_context_trace`` (long contexts shared across regions), ``geo_diurnal``
+(open-loop multi-region day curves) and
 ``by_name("conversation:wildchat" | "tot" | "mixed-tot" | ... | "trace:PATH", **kw)``.
 
 Re-used data: when a region runs out of conversations/questions it starts a new cycle in a fresh
@@ -44,6 +45,7 @@ from .datasets import (
     load_sharegpt,
     load_wildchat,
 )
+from .geo_diurnal import geo_diurnal
 from .model import Call, ClosedLoopSpec, OpenLoopSpec, Program, ProgramStream, Workload
 from .prefix import prefix_repetition
 from .servegen import servegen
@@ -69,7 +71,7 @@ def diurnal(clients: dict[str, int] | None = None, base: str = "conversation", *
 
 WORKLOAD_NAMES = ("conversation", "conversation:sharegpt", "conversation:wildchat", "tot", "mixed-tot",
                   "prefix-repetition", "diurnal", "diurnal:tot", "servegen", "trace:PATH", "shared-context",
-                  "shared-context-trace")
+                  "shared-context-trace", "geo-diurnal")
 
 
 def by_name(spec: str, **kw) -> Workload:
@@ -93,6 +95,8 @@ def by_name(spec: str, **kw) -> Workload:
         return shared_context(**kw)
     if name == "shared-context-trace" and not arg:
         return shared_context_trace(**kw)
+    if name == "geo-diurnal" and not arg:
+        return geo_diurnal(**kw)
     if name == "trace":
         if not arg:
             raise ValueError("trace workload needs a path: 'trace:PATH'")
@@ -103,7 +107,8 @@ def by_name(spec: str, **kw) -> Workload:
 __all__ = [
     "Call", "ClosedLoopSpec", "Conversation", "COUNTRY_REGION", "GsmQuestion", "OpenLoopSpec", "Program",
     "ProgramStream", "ServeGenWindow", "Workload", "WORKLOAD_NAMES", "by_name", "conversation",
-    "conversation_program", "diurnal", "fixture_path", "load_conversations", "load_gsm8k", "load_servegen",
+    "conversation_program", "diurnal", "fixture_path", "geo_diurnal", "load_conversations", "load_gsm8k",
+    "load_servegen",
     "load_sharegpt", "load_wildchat", "mixed_tot", "prefix_repetition", "region_of_country", "servegen",
     "shared_context", "shared_context_trace", "tot", "tot_program", "tot_size", "trace",
 ]

@@ -1,0 +1,267 @@
+"""SLO goodput: the largest load a deployment serves within its latency SLO, and SLO attainment.
+
+* :class:`SLO`: a P99 TTFT bound (s) and an optional P99 TPOT bound (s per output token after the first).
+* :func:`slo_run` (the per-run function the runner ships, :func:`~ray_geolb.sim.sweep.run_many`'s ``fn``):
+  one open-loop run, the arrivals cut at the workload's end and the simulation at ``duration_s`` (the
+  workload's day plus a tail, :func:`tail_s`). Every request SENT counts: one not completed by the
+  cut-off (still queued, refused until then, or rejected) counts as an SLO miss with an infinite TTFT and
+  TPOT (the tail is longer than the SLO, so a request without its first token by then missed it). From the
+  simulator's per-request records ``(t_send, ttft, e2e, prompt, output, ...)``: TTFT as recorded,
+  TPOT = (e2e - ttft) / (output - 1) for outputs of 2+ tokens. Reported: P99 TTFT / TPOT over all sent
+  requests, attainment (the share of sent requests within every SLO), the same per client region and
+  per hour of the (compressed) day. A run MEETS the SLO when the P99s over all requests and over each
+  client region's requests are within it (so a small region cannot be starved inside the global 1 %);
+  per hour is reported, not required (a compressed hour has too few requests for a stable P99).
+* :func:`goodput`: the largest rate multiplier ``m`` at which P99 TTFT <= SLO (and P99 TPOT <= SLO).
+  Deterministic search per seed on a fixed grid: start at ``start``; double while it passes (halve
+  while it fails) up to ``max_doublings`` steps, then ``bisect_steps`` bisections of [last pass, first
+  fail] at the geometric midpoint rounded to 3 significant digits. The searches of all seeds (and of
+  all deployments given to :func:`goodput_many`) run in lockstep rounds, each round one batch through
+  the runner (:func:`~ray_geolb.sim.sweep.run_many`: local by default, Ray with ``ray``/``address``), so
+  the result is a function of the inputs only: byte-identical whatever the parallelism. Reported per
+  seed, with the spread (min / mean / max) over seeds. The search assumes passing is monotone in the
+  multiplier (a model assumption, see the tests).
+* :func:`attainment`: SLO attainment at a fixed load (one run per seed).
+
+A run dict here is a :class:`~ray_geolb.sim.run_spec.RunSpec` dict with an extra key ``"slo"``
+(``SLO.to_dict()``); its workload must be open-loop and take a ``multiplier`` keyword (``geo-diurnal``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
+
+__all__ = ["SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment", "run_lockstep", "grid_round"]
+
+BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_s: float
+    tpot_s: Optional[float] = None
+
+    def __post_init__(self):
+        if not (isinstance(self.ttft_s, (int, float)) and math.isfinite(self.ttft_s) and self.ttft_s > 0):
+            raise ValueError(f"slo.ttft_s must be a finite number > 0, got {self.ttft_s!r}")
+        if self.tpot_s is not None and not (isinstance(self.tpot_s, (int, float)) and math.isfinite(self.tpot_s)
+                                            and self.tpot_s > 0):
+            raise ValueError(f"slo.tpot_s must be a finite number > 0 or None, got {self.tpot_s!r}")
+
+    def to_dict(self) -> dict:
+        return {"ttft_s": self.ttft_s, "tpot_s": self.tpot_s}
+
+    def __str__(self) -> str:
+        return f"P99 TTFT <= {self.ttft_s:g} s" + (f", P99 TPOT <= {self.tpot_s:g} s" if self.tpot_s else "")
+
+
+def tail_s(slo: SLO) -> float:
+    """Simulated seconds after the last arrival before the cut-off: longer than the TTFT SLO."""
+    return max(20.0, 5.0 * slo.ttft_s)
+
+
+def _p99(xs: List[float]) -> Optional[float]:
+    from ray_geolb.percentile import percentile
+
+    if not xs:
+        return None
+    v = percentile(xs, (99,))[0]
+    return None if v >= BIG / 2 else v
+
+
+def _stats(rows: List[tuple], missed: int, slo: SLO) -> Dict[str, Any]:
+    """rows: (ttft, tpot or None); ``missed``: requests sent but not completed (misses)."""
+    n = len(rows) + missed
+    ttft = [r[0] for r in rows] + [BIG] * missed
+    tpot = [r[1] for r in rows if r[1] is not None] + [BIG] * missed
+    ok = sum(1 for a, b in rows if a <= slo.ttft_s and (slo.tpot_s is None or b is None or b <= slo.tpot_s))
+    p99_ttft, p99_tpot = _p99(ttft), _p99(tpot)
+    meets = n > 0 and p99_ttft is not None and p99_ttft <= slo.ttft_s and \
+        (slo.tpot_s is None or (p99_tpot is not None and p99_tpot <= slo.tpot_s))
+    return {"sent": n, "missed": missed, "p99_ttft_s": p99_ttft, "p99_tpot_s": p99_tpot,
+            "attainment": ok / n if n else None, "meets": bool(meets)}
+
+
+def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = None) -> Dict[str, Any]:
+    """One run (a RunSpec dict + ``"slo"``) -> SLO figures (module docstring). Pure: a function of ``run``."""
+    from .deploy import deployment_for
+    from .run_spec import RunSpec
+    from .scenarios import build_workload
+    from .simulator import simulate
+
+    run = dict(run)
+    slo = SLO(**run.pop("slo"))
+    hours_of = run.pop("hour_s", None)  # seconds per hour of the compressed day (per-hour figures)
+    spec = RunSpec.model_validate(run)
+    wl = build_workload(spec.workload)
+    if wl.open is None:
+        raise ValueError("workload: SLO goodput needs an open-loop workload (e.g. geo-diurnal)")
+    dep = deployment_for(spec.system, spec.replicas, **spec.deploy)
+    res = simulate(wl, dep, spec.sim, progress=progress)
+    sent_by_region: Dict[str, int] = {}
+    sent_by_hour: Dict[tuple, int] = {}
+    for t, prog in wl.open.arrivals:
+        if t < spec.sim.duration_s:
+            sent_by_region[prog.region] = sent_by_region.get(prog.region, 0) + 1
+            if hours_of:
+                key = (prog.region, int(t // hours_of))
+                sent_by_hour[key] = sent_by_hour.get(key, 0) + 1
+    by_region: Dict[str, List[tuple]] = {r: [] for r in sent_by_region}
+    by_hour: Dict[tuple, List[tuple]] = {k: [] for k in sent_by_hour}
+    rows = []
+    for t_send, ttft, e2e, _prompt, out, _w, _cross, region, _rep in res.requests:
+        tpot = (e2e - ttft) / (out - 1) if out > 1 else None
+        row = (ttft, tpot)
+        rows.append(row)
+        by_region.setdefault(region, []).append(row)
+        if hours_of:
+            by_hour.setdefault((region, int(t_send // hours_of)), []).append(row)
+    total_sent = sum(sent_by_region.values())
+    out = _stats(rows, max(0, total_sent - len(rows)), slo)
+    out["per_region"] = {r: _stats(by_region[r], max(0, sent_by_region.get(r, 0) - len(by_region[r])), slo)
+                         for r in sorted(by_region)}
+    out["meets_overall"] = out["meets"]
+    out["meets"] = out["meets"] and all(st["meets"] for st in out["per_region"].values())
+    if hours_of:
+        out["per_hour"] = {f"{r}/{h:02d}": {k: v for k, v in _stats(by_hour[(r, h)], max(
+            0, sent_by_hour.get((r, h), 0) - len(by_hour[(r, h)])), slo).items() if k in ("p99_ttft_s", "sent")}
+            for (r, h) in sorted(by_hour)}
+    out.update({"label": spec.label, "system": spec.system, "replicas": dict(spec.replicas),
+                "seed": spec.sim.seed, "multiplier": spec.workload.kw.get("multiplier", 1.0),
+                "slo": slo.to_dict(), "counters": dict(res.counters), "elapsed_s": res.elapsed_s})
+    return out
+
+
+# ------------------------------------------------------------------------------------------ lockstep runner
+Search = Generator[List[dict], List[dict], Any]
+
+
+def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Optional[str] = None,
+                 progress: bool = True, desc: str = "search") -> Dict[str, Any]:
+    """Drive generator searches in rounds: each yields a list of run dicts and gets their results back
+    (same order) until it returns its answer. A round's runs, from every search still going, are ONE
+    batch through :func:`~ray_geolb.sim.sweep.run_many` (local or on Ray). Each search sees only its own
+    results, so the answers do not depend on the parallelism. Returns ``{name: answer}``."""
+    from .sweep import ProgressBar, ray_session, run_many
+
+    answers: Dict[str, Any] = {}
+    pending: Dict[str, List[dict]] = {}
+    for name, g in searches.items():
+        try:
+            pending[name] = next(g)
+        except StopIteration as e:
+            answers[name] = e.value
+    bar = ProgressBar(len(searches), desc, enabled=progress)
+    done_runs = 0
+    with ray_session(ray, address):
+        while pending:
+            batch = [(name, r) for name, rs in pending.items() for r in rs]
+            results = run_many([r for _, r in batch], ray=ray, address=address, progress=False, fn=slo_run)
+            done_runs += len(batch)
+            nxt: Dict[str, List[dict]] = {}
+            for name in pending:
+                res = [m for (n, _), m in zip(batch, results) if n == name]
+                try:
+                    nxt[name] = searches[name].send(res)
+                except StopIteration as e:
+                    answers[name] = e.value
+            pending = nxt
+            bar.update(len(answers) + 0.5 * bool(pending) / max(1, len(searches)), f"{done_runs} runs")
+    bar.update(len(searches), f"{done_runs} runs")
+    bar.close()
+    return answers
+
+
+def grid_round(x: float) -> float:
+    """``x`` rounded to 3 significant digits (the search's fixed grid)."""
+    if x <= 0:
+        return 0.0
+    return float(f"{x:.3g}")
+
+
+def _with_multiplier(run: dict, m: float, seed: int) -> dict:
+    r = {**run, "workload": {**run["workload"], "kw": {**run["workload"].get("kw", {}), "multiplier": m,
+                                                       "seed": seed}},
+         "sim": {**run["sim"], "seed": seed}}
+    r["label"] = f"{run['label']}/x{m:g}/seed{seed}"
+    return r
+
+
+def _goodput_search(run: dict, seeds: Sequence[int], start: float, max_doublings: int,
+                    bisect_steps: int) -> Search:
+    """Per seed: doubling / halving, then bisection (module docstring); all seeds in lockstep."""
+    state = {s: {"lo": None, "hi": None, "k": 0, "bis": 0, "tried": {}} for s in seeds}
+
+    def next_m(st) -> Optional[float]:
+        lo, hi = st["lo"], st["hi"]
+        if lo is None and hi is None:
+            return start
+        if hi is None or lo is None:  # bracketing: double from the last pass, halve from the last fail
+            if st["k"] >= max_doublings:
+                return None
+            return grid_round(lo * 2) if hi is None else grid_round(hi / 2)
+        if st["bis"] >= bisect_steps:
+            return None
+        mid = grid_round(math.sqrt(lo * hi))
+        return None if mid in (lo, hi) else mid
+
+    while True:
+        todo = {}
+        for s, st in state.items():
+            m = next_m(st)
+            if m is not None and m > 0:
+                todo[s] = m
+        if not todo:
+            break
+        results = yield [_with_multiplier(run, m, s) for s, m in todo.items()]
+        for (s, m), res in zip(todo.items(), results):
+            st = state[s]
+            st["tried"][m] = res
+            st["bis" if st["lo"] is not None and st["hi"] is not None else "k"] += 1
+            st["lo" if res["meets"] else "hi"] = m
+    per_seed = {}
+    for s, st in state.items():
+        per_seed[s] = {"goodput_multiplier": st["lo"] or 0.0, "first_fail": st["hi"],
+                       "tried": {f"{m:g}": {"meets": r["meets"], "p99_ttft_s": r["p99_ttft_s"],
+                                            "p99_tpot_s": r["p99_tpot_s"], "attainment": r["attainment"]}
+                                 for m, r in sorted(st["tried"].items())}}
+    gs = [v["goodput_multiplier"] for v in per_seed.values()]
+    return {"per_seed": per_seed, "min": min(gs), "max": max(gs), "mean": sum(gs) / len(gs),
+            "seeds": list(seeds)}
+
+
+def goodput_many(runs: Dict[str, dict], slo: SLO, seeds: Sequence[int] = (0,), *, start: float = 1.0,
+                 max_doublings: int = 8, bisect_steps: int = 4, ray: bool = False, address: Optional[str] = None,
+                 progress: bool = True) -> Dict[str, dict]:
+    """:func:`goodput` of several base runs at once (their searches in lockstep)."""
+    if not seeds:
+        raise ValueError("seeds: at least one seed is needed")
+    if not start > 0:
+        raise ValueError(f"start must be > 0, got {start!r}")
+    searches = {}
+    for name, run in runs.items():
+        run = {**run, "slo": slo.to_dict()}
+        run.setdefault("label", name)
+        searches[name] = _goodput_search(run, list(seeds), start, max_doublings, bisect_steps)
+    return run_lockstep(searches, ray=ray, address=address, progress=progress, desc="goodput")
+
+
+def goodput(run: dict, slo: SLO, seeds: Sequence[int] = (0,), **kw) -> dict:
+    """The largest rate multiplier at which ``run`` (a RunSpec dict with an open-loop workload taking
+    ``multiplier``) meets ``slo``, per seed and its spread (module docstring)."""
+    return goodput_many({run.get("label", "run"): run}, slo, seeds, **kw)[run.get("label", "run")]
+
+
+def attainment(run: dict, slo: SLO, seeds: Sequence[int] = (0,), *, multiplier: float = 1.0, ray: bool = False,
+               address: Optional[str] = None, progress: bool = True) -> dict:
+    """SLO attainment (share of sent requests within the SLO) at a fixed multiplier, per seed."""
+    from .sweep import ray_session, run_many
+
+    rs = [_with_multiplier({**run, "slo": slo.to_dict()}, multiplier, s) for s in seeds]
+    with ray_session(ray, address):
+        res = run_many(rs, ray=ray, address=address, progress=progress, fn=slo_run)
+    att = [m["attainment"] for m in res]
+    return {"multiplier": multiplier, "per_seed": {s: m for s, m in zip(seeds, res)},
+            "attainment_min": min(att), "attainment_mean": sum(att) / len(att), "attainment_max": max(att)}

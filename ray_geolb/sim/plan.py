@@ -1,0 +1,499 @@
+"""``python -m ray_geolb plan``: how many GPUs each region needs to serve a day of demand at an SLO,
+under each routing system.
+
+Inputs: the regional demand (``geo-diurnal-3``, the built-in 3-region day of
+:mod:`~ray_geolb.sim.workloads.geo_diurnal`, or a CSV ``hour,region,rate``), the engine profile (one
+replica = one GPU of that profile), the SLO (P99 TTFT, optional P99 TPOT, over every request of the
+day: :mod:`~ray_geolb.sim.goodput`), optional GPU prices per region ($ per GPU-hour) and the systems
+(``sim.deploy.SYSTEMS``; default GeoPrefix, region-local and the central LBs with the lowest P99 in
+``benchmarks/compare_policies.py``: SGLang's cache-aware router and Ray's prefix router). Each
+simulation is the whole day, time-compressed (``day_s`` simulated seconds; the compression is stated
+in every output), open loop.
+
+The search (deterministic; every round is one batch through the runner, so results are byte-identical
+whatever the parallelism, :func:`~ray_geolb.sim.goodput.run_lockstep`):
+
+1. **One replica's capacity** ``c1``: the SLO goodput (req/s) of one replica of the profile, alone in
+   the first region, region-local, flat demand with the day's content mix (a short day of
+   ``CAPACITY_DAY_S``). Used for starting points and for the plot's capacity lines only.
+2. **Per system, greedy**: start every region with demand at ``max(1, floor(START_FRACTION * peak_r /
+   c1))`` replicas (at least one per region: a region's own clients need a local replica for latency
+   locality; the start is below any region's need at the rates we tried, see the prune step); simulate
+   the day (every seed); while the SLO is missed (on the worst seed: the P99 over all requests or over
+   one client region's requests above the SLO, :func:`~ray_geolb.sim.goodput.slo_run`), add one
+   replica to the region whose clients' P99 TTFT is the worst (ties: the region order) and simulate
+   again, up to ``max_replicas`` in total. Then **prune**, once per region the greedy never grew
+   (largest first): one replica less, kept if the SLO still holds. The answer is the replicas per
+   region, fixed all day (reserved GPUs): GPU-hours = GPUs x 24 h, cost = sum of each region's GPUs x
+   24 x its price.
+3. **Sanity bounds**, printed beside, each by a 1-D search over the replica count (start from the
+   ``c1`` estimate; down while it passes, up while it fails), on a POOLED deployment: the replicas in
+   one region, a zero-RTT network, one central prefix-aware LB (``sgl``):
+
+   * **sum of regional peaks**: each region's demand alone on its own pool, summed: what region-local
+     routing needs at perfect balance inside each region;
+   * **one pooled region**: all regions' demand on one pool, which no multi-region system should beat
+     (it pays no RTT and sees every replica).
+
+Savings are against region-local (when it is among the systems). The search assumes more replicas
+never make the SLO harder to meet (tested on small cases), and is greedy: it is not guaranteed to find
+the cheapest placement when prices differ by region (it minimises GPUs, then reports their cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from .goodput import SLO, goodput_many, run_lockstep, tail_s
+from .workloads.geo_diurnal import (
+    BUILTIN_DEMANDS,
+    DEFAULT_DAY_S,
+    DEFAULT_MEAN_RPS,
+    Demand,
+    DemandCSVError,
+    load_demand_csv,
+)
+
+__all__ = ["DEFAULT_SYSTEMS", "plan", "add_plan_parser", "run_plan", "format_plan", "plot_plan", "load_demand",
+           "POOL_SYSTEM"]
+
+DEFAULT_SYSTEMS = ["geoprefix", "region-local", "sgl", "ray-prefix"]
+DEFAULT_PROFILE = "llama3.1-8b-h100"
+DEFAULT_PLAN_DAY_S = DEFAULT_DAY_S
+POOL_SYSTEM = "sgl"  # the pooled bounds' central prefix-aware LB
+START_FRACTION = 0.6
+CAPACITY_DAY_S = 48.0
+
+
+def _base_run(label: str, system: str, replicas: Dict[str, int], demand: Demand, day_s: float, multiplier: float,
+              profile: str, slo: SLO, deploy: Optional[dict] = None) -> dict:
+    return {"label": label, "group": "plan", "scenario": "plan", "system": system, "replicas": dict(replicas),
+            "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": day_s,
+                                                       "multiplier": multiplier}},
+            "sim": {"duration_s": day_s + tail_s(slo), "seed": 0},
+            "deploy": {"profile": profile, **(deploy or {})}, "slo": slo.to_dict(), "hour_s": day_s / 24.0}
+
+
+def _seeded(run: dict, seed: int) -> dict:
+    r = {**run, "workload": {**run["workload"], "kw": {**run["workload"]["kw"], "seed": seed}},
+         "sim": {**run["sim"], "seed": seed}}
+    r["label"] = f"{run['label']}/seed{seed}"
+    return r
+
+
+def _zero_rtt(regions: Sequence[str]) -> dict:
+    regions = list(regions)
+    return {"regions": regions, "rtt_ms": [[a, b, 0.0] for i, a in enumerate(regions) for b in regions[i + 1:]]}
+
+
+def _worst(results: List[dict]) -> Dict[str, Any]:
+    """Over seeds: meets = every seed meets; per region the worst P99 TTFT (None = infinite)."""
+    inf = float("inf")
+    per_region: Dict[str, float] = {}
+    for m in results:
+        for r, st in m["per_region"].items():
+            v = inf if st["p99_ttft_s"] is None else st["p99_ttft_s"]
+            per_region[r] = max(per_region.get(r, -inf), v)
+    p99 = [inf if m["p99_ttft_s"] is None else m["p99_ttft_s"] for m in results]
+    tpot = [inf if m["p99_tpot_s"] is None else m["p99_tpot_s"] for m in results]
+    return {"meets": all(m["meets"] for m in results), "p99_ttft_s": max(p99), "p99_tpot_s": max(tpot),
+            "attainment": min(m["attainment"] or 0.0 for m in results), "per_region_p99_ttft_s": per_region}
+
+
+def _fin(x: float) -> Optional[float]:
+    return None if x is None or math.isinf(x) else x
+
+
+def _greedy(system: str, demand: Demand, start: Dict[str, int], seeds: Sequence[int], max_replicas: int,
+            mk) -> Any:
+    """The per-system search (module docstring, step 2), as a lockstep generator."""
+    reps = dict(start)
+    grown = set()
+    history = []
+
+    def record(reps, w):
+        history.append({"replicas": dict(reps), "meets": w["meets"], "p99_ttft_s": _fin(w["p99_ttft_s"]),
+                        "per_region_p99_ttft_s": {r: _fin(v) for r, v in w["per_region_p99_ttft_s"].items()}})
+
+    while True:
+        res = yield [_seeded(mk(system, reps), s) for s in seeds]
+        w = _worst(res)
+        record(reps, w)
+        if w["meets"]:
+            break
+        if sum(reps.values()) >= max_replicas:
+            return {"system": system, "replicas": None, "met": False, "history": history,
+                    "note": f"SLO not met with {max_replicas} replicas (--max-replicas)"}
+        per = w["per_region_p99_ttft_s"]
+        region = max(demand.regions, key=lambda r: (per.get(r, -1.0), -demand.regions.index(r)))
+        reps[region] += 1
+        grown.add(region)
+    best, best_w = dict(reps), w
+    for region in sorted((r for r in demand.regions if r not in grown and reps[r] > 1),
+                         key=lambda r: (-reps[r], demand.regions.index(r))):
+        trial = dict(best)
+        trial[region] -= 1
+        res = yield [_seeded(mk(system, trial), s) for s in seeds]
+        w = _worst(res)
+        record(trial, w)
+        if w["meets"]:
+            best, best_w = trial, w
+    return {"system": system, "replicas": best, "met": True, "history": history,
+            "p99_ttft_s": _fin(best_w["p99_ttft_s"]), "p99_tpot_s": _fin(best_w["p99_tpot_s"]),
+            "attainment": best_w["attainment"],
+            "per_region_p99_ttft_s": {r: _fin(v) for r, v in best_w["per_region_p99_ttft_s"].items()}}
+
+
+def _one_d(start: int, seeds: Sequence[int], max_replicas: int, mk) -> Any:
+    """Fewest replicas n >= 1 on one pool: from ``start`` down while it passes, up while it fails."""
+    tried: Dict[int, bool] = {}
+    n = max(1, min(start, max_replicas))
+    while True:
+        res = yield [_seeded(mk(n), s) for s in seeds]
+        tried[n] = _worst(res)["meets"]
+        if tried[n]:
+            if n == 1 or (n - 1) in tried:
+                break
+            n -= 1
+        else:
+            if (n + 1) in tried or n >= max_replicas:
+                n = n + 1 if (n + 1) in tried else None
+                break
+            n += 1
+    return {"replicas": n, "tried": {str(k): v for k, v in sorted(tried.items())}}
+
+
+def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYSTEMS), profile: str = DEFAULT_PROFILE,
+         prices: Optional[Dict[str, float]] = None, seeds: Sequence[int] = (0,), day_s: float = DEFAULT_PLAN_DAY_S,
+         multiplier: float = 1.0, max_replicas: int = 64, bounds: bool = True, ray: bool = False,
+         address: Optional[str] = None, progress: bool = True, capacity: Optional[float] = None) -> Dict[str, Any]:
+    """The plan (module docstring) as a JSON-able dict. ``capacity``: skip step 1 and use this ``c1``."""
+    from ray_geolb.engine.network import RegionNetwork
+    from ray_geolb.engine.profiles import PROFILES
+
+    from .deploy import SYSTEMS
+
+    if profile not in PROFILES:
+        raise ValueError(f"profile: unknown engine profile {profile!r}; known: {', '.join(sorted(PROFILES))}")
+    if not systems:
+        raise ValueError("systems: at least one system is needed")
+    for s in systems:
+        if s not in SYSTEMS:
+            raise ValueError(f"systems: unknown system {s!r}; known: {', '.join(sorted(SYSTEMS))}")
+        if SYSTEMS[s].single_region:
+            raise ValueError(f"systems: {s!r} puts every replica in one region; the planner places them per region")
+    net = RegionNetwork.default().regions
+    bad = [r for r in demand.regions if r not in net]
+    if bad:
+        raise ValueError(f"demand: unknown region(s) {bad}; the network has {net}")
+    if not seeds:
+        raise ValueError("seeds: at least one seed is needed")
+    if not (day_s > 0 and math.isfinite(day_s)):
+        raise ValueError(f"day_s must be a finite number > 0, got {day_s!r}")
+    if not (multiplier > 0 and math.isfinite(multiplier)):
+        raise ValueError(f"multiplier must be a finite number > 0, got {multiplier!r}")
+    if not (isinstance(max_replicas, int) and max_replicas >= len(demand.regions)):
+        raise ValueError(f"max_replicas must be an int >= the number of regions ({len(demand.regions)}), "
+                         f"got {max_replicas!r}")
+    prices = dict(prices or {})
+    for r, p in prices.items():
+        if r not in demand.regions:
+            raise ValueError(f"prices: region {r!r} has no demand; regions: {demand.regions}")
+        if not (isinstance(p, (int, float)) and math.isfinite(p) and p >= 0):
+            raise ValueError(f"prices: price of {r!r} must be a finite number >= 0, got {p!r}")
+    regions = demand.regions
+    scaled = demand.scaled(multiplier)
+    t0 = time.perf_counter()
+
+    # 1. one replica's capacity (req/s at the SLO, flat demand, first region)
+    first = regions[0]
+    if capacity is None:
+        flat = Demand({first: [1.0] * 24}, "flat")
+        cap_run = _base_run("capacity/1-replica", "region-local", {first: 1}, flat, CAPACITY_DAY_S, 1.0, profile, slo)
+        cap_run.pop("hour_s")
+        g = goodput_many({"capacity": cap_run}, slo, seeds, start=4.0, max_doublings=10, bisect_steps=4, ray=ray,
+                         address=address, progress=progress)["capacity"]
+        c1 = g["min"]
+        cap_detail = g
+    else:
+        c1, cap_detail = float(capacity), {"given": True}
+    if not c1 > 0:
+        raise ValueError(f"one replica of {profile} does not meet {slo} even at a tiny load; loosen the SLO")
+
+    def mk_system(system, reps):
+        return _base_run(f"{system}/{'-'.join(f'{r}{n}' for r, n in reps.items())}", system, reps, scaled, day_s,
+                         1.0, profile, slo)
+
+    searches = {}
+    start = {r: max(1, int(math.floor(START_FRACTION * scaled.peak(r) / c1))) for r in regions}
+    for s in systems:
+        searches[s] = _greedy(s, scaled, start, seeds, max_replicas, mk_system)
+    if bounds:
+        zero = _zero_rtt(regions)
+
+        def mk_pool(dem: Demand, tag: str):
+            region = dem.regions[0] if len(dem.regions) == 1 else first
+
+            def mk(n):
+                return _base_run(f"bound-{tag}/{n}", POOL_SYSTEM, {region: n}, dem, day_s, 1.0, profile, slo,
+                                 {"network": zero, "central_region": region})
+            return mk
+
+        searches["bound:pooled"] = _one_d(max(1, math.ceil(scaled.peak() / c1) - 1), seeds, max_replicas,
+                                          mk_pool(scaled, "pooled"))
+        for r in regions:
+            searches[f"bound:peak:{r}"] = _one_d(max(1, math.ceil(scaled.peak(r) / c1) - 1), seeds, max_replicas,
+                                                 mk_pool(scaled.only([r]), f"peak-{r}"))
+    answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan")
+
+    rows = []
+    for s in systems:
+        a = answers[s]
+        reps = a["replicas"]
+        row = {"system": s, "met": a["met"], "replicas": reps, "history": a["history"]}
+        if reps:
+            gpus = sum(reps.values())
+            row.update({"gpus": gpus, "gpu_hours_per_day": gpus * 24.0,
+                        "cost_per_day": (sum(n * 24.0 * prices[r] for r, n in reps.items()) if prices else None),
+                        "p99_ttft_s": a["p99_ttft_s"], "p99_tpot_s": a["p99_tpot_s"], "attainment": a["attainment"],
+                        "per_region_p99_ttft_s": a["per_region_p99_ttft_s"],
+                        "capacity_rps_estimate": {r: n * c1 for r, n in reps.items()}})
+        else:
+            row["note"] = a["note"]
+        rows.append(row)
+    rl = next((r for r in rows if r["system"] == "region-local" and r.get("gpus")), None)
+    for row in rows:
+        if rl and row.get("gpus"):
+            row["gpu_savings_vs_region_local"] = 1.0 - row["gpus"] / rl["gpus"]
+            if row.get("cost_per_day") is not None and rl.get("cost_per_day"):
+                row["cost_savings_vs_region_local"] = 1.0 - row["cost_per_day"] / rl["cost_per_day"]
+    out: Dict[str, Any] = {
+        "demand": {"source": demand.source, "regions": regions, "rates_rps_by_utc_hour": scaled.to_kw(),
+                   "peak_rps": {r: scaled.peak(r) for r in regions}, "peak_total_rps": scaled.peak(),
+                   "meta": demand.meta},
+        "compression": {"day_s": day_s, "factor": 86400.0 / day_s, "multiplier": multiplier,
+                        "note": Demand.compression_note(day_s, multiplier)},
+        "profile": profile, "slo": slo.to_dict(), "slo_text": str(slo), "seeds": list(seeds), "prices": prices,
+        "one_replica_capacity_rps": c1, "capacity_search": cap_detail, "start": start,
+        "systems": rows, "max_replicas": max_replicas,
+    }
+    if bounds:
+        peak_parts = {r: answers[f"bound:peak:{r}"]["replicas"] for r in regions}
+        out["bounds"] = {
+            "pool_lb": POOL_SYSTEM,
+            "sum_of_regional_peaks": (sum(peak_parts.values()) if all(peak_parts.values()) else None),
+            "sum_of_regional_peaks_per_region": peak_parts,
+            "one_pooled_region": answers["bound:pooled"]["replicas"],
+            "searches": {k: v for k, v in answers.items() if k.startswith("bound:")},
+        }
+    out["wall_s_note"] = "not part of the result (wall time varies)"
+    out["_wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def format_plan(p: Dict[str, Any]) -> str:
+    regions = p["demand"]["regions"]
+    head = ["system", *regions, "GPUs", "GPU-h/day", "$/day", "vs region-local", "P99 TTFT s", "attain", "met"]
+    table = [head]
+    for row in p["systems"]:
+        reps = row.get("replicas") or {}
+        sav = row.get("gpu_savings_vs_region_local")
+        table.append([row["system"], *[str(reps.get(r, "-")) for r in regions], str(row.get("gpus", "-")),
+                      f"{row['gpu_hours_per_day']:.0f}" if row.get("gpus") else "-",
+                      f"{row['cost_per_day']:.0f}" if row.get("cost_per_day") is not None else "-",
+                      f"{sav:+.1%}" if sav is not None else "-",
+                      f"{row['p99_ttft_s']:.3f}" if row.get("p99_ttft_s") is not None else "-",
+                      f"{row['attainment']:.2%}" if row.get("attainment") is not None else "-",
+                      "yes" if row["met"] else "NO"])
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    lines = []
+    for j, t in enumerate(table):
+        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths))))
+        if j == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    d = p["demand"]
+    peaks = ", ".join(f"{r} peak {d['peak_rps'][r]:.1f}" for r in regions)
+    top = (f"plan: demand {d['source']} ({peaks}, "
+           f"total peak {d['peak_total_rps']:.1f} req/s), {p['profile']}, {p['slo_text']}, seeds "
+           f"{','.join(map(str, p['seeds']))}\n{p['compression']['note']}\n"
+           f"one replica serves {p['one_replica_capacity_rps']:.2f} req/s at the SLO (flat load)")
+    text = top + "\n\n" + "\n".join(lines)
+    b = p.get("bounds")
+    if b:
+        parts = ", ".join(f"{r} {n}" for r, n in b["sum_of_regional_peaks_per_region"].items())
+        text += (f"\n\nbounds (one pool per place, zero RTT, central {b['pool_lb']}):"
+                 f"\n  sum of regional peaks (region-local at perfect balance): {b['sum_of_regional_peaks']} GPUs "
+                 f"({parts})"
+                 f"\n  one pooled region (no multi-region system should need fewer): {b['one_pooled_region']} GPUs")
+    return text
+
+
+def plot_plan(p: Dict[str, Any], path: str) -> str:
+    """Each region's demand over the UTC day against each system's capacity there (replicas x one replica's
+    SLO capacity, an estimate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    regions = p["demand"]["regions"]
+    fig, axes = plt.subplots(1, len(regions), figsize=(4.2 * len(regions), 3.4), sharey=True, squeeze=False)
+    hours = list(range(25))
+    for ax, r in zip(axes[0], regions):
+        rates = p["demand"]["rates_rps_by_utc_hour"][r]
+        ax.step(hours, rates + rates[-1:], where="post", color="black", lw=2, label="demand")
+        for k, row in enumerate(p["systems"]):
+            reps = row.get("replicas")
+            if reps:
+                cap = reps[r] * p["one_replica_capacity_rps"]
+                ax.axhline(cap, ls="--", color=f"C{k}", lw=1.2, label=f"{row['system']}: {reps[r]} GPU")
+        ax.set_title(r)
+        ax.set_xlabel("UTC hour")
+        ax.set_xlim(0, 24)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("req/s")
+    fig.suptitle(f"plan: {p['demand']['source']}, {p['slo_text']} ({p['compression']['note']})", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+    sp = subparsers.add_parser(
+        "plan", help="capacity planner: GPUs per region at an SLO for each routing system",
+        description=("How many GPUs each region needs to serve a day of regional demand at a P99 TTFT SLO, "
+                     "per routing system (simulated, time-compressed)."))
+    sp.add_argument("--demand", default="geo-diurnal-3",
+                    help=f"built-in demand ({', '.join(BUILTIN_DEMANDS)}) or a CSV with columns hour,region,rate "
+                         "(UTC hour 0..23, requests/s; unlisted hours keep the previous listed hour's rate)")
+    sp.add_argument("--mean-rps", type=float, default=None,
+                    help=f"built-in demand: total mean req/s over the day (default {DEFAULT_MEAN_RPS:g})")
+    sp.add_argument("--rate-scale", type=float, default=1.0, help="multiply every rate (default 1)")
+    sp.add_argument("--profile", default=DEFAULT_PROFILE,
+                    help=f"engine profile, one GPU each (default {DEFAULT_PROFILE})")
+    sp.add_argument("--ttft-slo", type=float, default=1.0, help="P99 TTFT SLO in seconds (default 1)")
+    sp.add_argument("--tpot-slo", type=float, default=None, help="optional P99 TPOT SLO in seconds per token")
+    sp.add_argument("--price", default=None, metavar="REGION=USD_PER_GPU_HOUR[,...]",
+                    help="GPU price per region, e.g. us=2.5,eu=2.9,asia=3.1")
+    sp.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help=f"comma-separated systems (default {','.join(DEFAULT_SYSTEMS)})")
+    sp.add_argument("--seeds", default="0", help="comma-separated seeds; the SLO must hold on every seed (default 0)")
+    sp.add_argument("--day-s", type=float, default=DEFAULT_PLAN_DAY_S,
+                    help=f"simulated seconds for the 24 h day (default {DEFAULT_PLAN_DAY_S:g})")
+    sp.add_argument("--max-replicas", type=int, default=64, help="give up past this many replicas in total")
+    sp.add_argument("--capacity", type=float, default=None,
+                    help="one replica's req/s at the SLO (skips measuring it)")
+    sp.add_argument("--no-bounds", dest="bounds", action="store_false", help="skip the two sanity bounds")
+    sp.add_argument("--out", default=None, help="output directory (plan.json, plan.txt, plan.png)")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
+    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+    sp.set_defaults(func=run_plan, _plan_parser=sp)
+    return sp
+
+
+def _parse_prices(parser, spec: Optional[str]) -> Dict[str, float]:
+    out: Dict[str, float] = {}
+    for part in (spec or "").split(","):
+        if not part.strip():
+            continue
+        k, eq, v = part.partition("=")
+        if not eq or not k.strip():
+            parser.error(f"--price: {part!r} is not REGION=PRICE")
+        try:
+            x = float(v)
+        except ValueError:
+            parser.error(f"--price: price {v!r} of {k.strip()!r} is not a number")
+        if not (math.isfinite(x) and x >= 0):
+            parser.error(f"--price: price of {k.strip()!r} must be a finite number >= 0, got {v!r}")
+        out[k.strip()] = x
+    return out
+
+
+def load_demand(spec: str, mean_rps: Optional[float] = None) -> Demand:
+    """A built-in demand name or a CSV path (ValueError / DemandCSVError naming the problem)."""
+    from ray_geolb.engine.network import RegionNetwork
+
+    if spec in BUILTIN_DEMANDS:
+        return BUILTIN_DEMANDS[spec](mean_rps) if mean_rps is not None else BUILTIN_DEMANDS[spec]()
+    if mean_rps is not None:
+        raise ValueError("--mean-rps applies to a built-in demand only (scale a CSV with --rate-scale)")
+    if not spec.lower().endswith(".csv") and not os.path.exists(spec):
+        raise ValueError(f"unknown demand {spec!r}: not a built-in ({', '.join(BUILTIN_DEMANDS)}) nor a CSV file")
+    return load_demand_csv(spec, RegionNetwork.default().regions)
+
+
+def run_plan(args) -> int:
+    parser = getattr(args, "_plan_parser", None) or argparse.ArgumentParser(prog="plan")
+    for flag, v, ok in (("--ttft-slo", args.ttft_slo, args.ttft_slo > 0),
+                        ("--tpot-slo", args.tpot_slo, args.tpot_slo is None or args.tpot_slo > 0),
+                        ("--rate-scale", args.rate_scale, args.rate_scale > 0),
+                        ("--day-s", args.day_s, args.day_s > 0),
+                        ("--mean-rps", args.mean_rps, args.mean_rps is None or args.mean_rps > 0),
+                        ("--capacity", args.capacity, args.capacity is None or args.capacity > 0)):
+        if not ok or (isinstance(v, float) and not math.isfinite(v)):
+            parser.error(f"{flag} must be a finite number > 0, got {v}")
+    try:
+        demand = load_demand(args.demand, args.mean_rps)
+    except DemandCSVError as e:
+        parser.error(f"--demand: {e}")
+    except ValueError as e:
+        parser.error(f"--demand: {e}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not seeds:
+        parser.error("--seeds: no seed given")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    prices = _parse_prices(parser, args.price)
+    try:
+        p = plan(demand, SLO(args.ttft_slo, args.tpot_slo), systems=systems, profile=args.profile, prices=prices,
+                 seeds=seeds, day_s=args.day_s, multiplier=args.rate_scale, max_replicas=args.max_replicas,
+                 bounds=args.bounds, ray=args.ray, address=args.address, progress=args.progress,
+                 capacity=args.capacity)
+    except ValueError as e:
+        field = str(e).split(":", 1)[0].split(" ", 1)[0]
+        flag = {"profile": "--profile", "systems": "--systems", "prices": "--price", "seeds": "--seeds",
+                "max_replicas": "--max-replicas", "demand": "--demand"}.get(field)
+        parser.error(f"{flag}: {e}" if flag else str(e))
+    wall = p.pop("_wall_s")
+    p.pop("wall_s_note", None)
+    text = format_plan(p)
+    print(text)
+    print(f"\nplan: {wall:.1f} s wall", file=sys.stderr)
+    if args.out:
+        from .metrics import dumps
+
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "plan.json"), "w") as f:
+            f.write(dumps(p))
+        with open(os.path.join(args.out, "plan.txt"), "w") as f:
+            f.write(text + "\n")
+        try:
+            png = plot_plan(p, os.path.join(args.out, "plan.png"))
+            print(f"wrote {os.path.join(args.out, 'plan.json')}, {png}", file=sys.stderr)
+        except ImportError as e:
+            print(f"no plot ({e})", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ray_geolb.sim.plan")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    add_plan_parser(sub)
+    args = ap.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
