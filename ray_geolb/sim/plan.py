@@ -347,16 +347,19 @@ def plot_plan(p: Dict[str, Any], path: str) -> str:
     for ax, r in zip(axes[0], regions):
         rates = p["demand"]["rates_rps_by_utc_hour"][r]
         ax.step(hours, rates + rates[-1:], where="post", color="black", lw=2, label="demand")
+        n_sys = len(p["systems"])
         for k, row in enumerate(p["systems"]):
             reps = row.get("replicas")
-            if reps:
+            if reps:  # widest first, so systems with the same count stay visible as nested lines
                 cap = reps[r] * p["one_replica_capacity_rps"]
-                ax.axhline(cap, ls="--", color=f"C{k}", lw=1.2, label=f"{row['system']}: {reps[r]} GPU")
+                ax.axhline(cap, ls=("--", ":", "-.", (0, (5, 1)))[k % 4], color=f"C{k}", lw=1.0 + 2.0 * (n_sys - k),
+                           alpha=0.7, label=f"{row['system']}: {reps[r]} GPU")
         ax.set_title(r)
         ax.set_xlabel("UTC hour")
         ax.set_xlim(0, 24)
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("req/s")
+    axes[0][0].set_ylabel("req/s (capacity = GPUs x one replica's SLO capacity)")
     fig.suptitle(f"plan: {p['demand']['source']}, {p['slo_text']} ({p['compression']['note']})", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
