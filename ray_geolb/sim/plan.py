@@ -352,15 +352,18 @@ def plot_plan(p: Dict[str, Any], path: str) -> str:
             reps = row.get("replicas")
             if reps:  # widest first, so systems with the same count stay visible as nested lines
                 cap = reps[r] * p["one_replica_capacity_rps"]
-                ax.axhline(cap, ls=("--", ":", "-.", (0, (5, 1)))[k % 4], color=f"C{k}", lw=1.0 + 2.0 * (n_sys - k),
+                ax.axhline(cap, ls=("--", ":", "-.", (0, (5, 1)))[k % 4], color=f"C{k}", lw=1.0 + 1.2 * (n_sys - k),
                            alpha=0.7, label=f"{row['system']}: {reps[r]} GPU")
         ax.set_title(r)
         ax.set_xlabel("UTC hour")
         ax.set_xlim(0, 24)
-        ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("req/s (capacity = GPUs x one replica's SLO capacity)")
-    fig.suptitle(f"plan: {p['demand']['source']}, {p['slo_text']} ({p['compression']['note']})", fontsize=8)
+    caps = [n * p["one_replica_capacity_rps"] for row in p["systems"] for n in (row.get("replicas") or {}).values()]
+    top = max([max(xs) for xs in p["demand"]["rates_rps_by_utc_hour"].values()] + caps)
+    axes[0][0].set_ylim(0, 1.12 * top)
+    axes[0][0].set_ylabel("req/s")
+    fig.suptitle(f"plan: {p['demand']['source']}, {p['slo_text']}; capacity = GPUs x one replica's SLO capacity "
+                 f"({p['one_replica_capacity_rps']:.1f} req/s, estimate)\n{p['compression']['note']}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
