@@ -1,8 +1,9 @@
-"""Command line: ``python -m ray_geolb {demo,simulate,plan,policies}``.
+"""Command line: ``python -m ray_geolb {demo,simulate,plan,goodput,policies}``.
 
 * ``demo``      — the main job: a local, CPU-only, three-region Ray Serve demo (emulated engines).
 * ``simulate``  — the multi-region discrete-event simulator (policies x workloads x scenarios).
 * ``plan``      — the capacity planner: GPUs per region at a latency SLO, per routing system (simulated).
+* ``goodput``   — SLO goodput: the largest load each system serves within the SLO, and attainment.
 * ``policies``  — a quick, Ray-free look at the policy core: every policy on one small workload.
 
 Every package these commands import is a declared dependency (core, or the ``demo`` extra the
@@ -42,9 +43,11 @@ def _build_parser() -> argparse.ArgumentParser:
     sp = add_simulate_parser(sub)
     sp.set_defaults(func=run_simulate)
 
+    from ray_geolb.sim.goodput import add_goodput_parser
     from ray_geolb.sim.plan import add_plan_parser
 
     add_plan_parser(sub)
+    add_goodput_parser(sub)
 
     pol = sub.add_parser("policies", help="compare every policy on a small synthetic workload (no Ray)")
     pol.add_argument("--requests", type=int, default=2000)

@@ -33,7 +33,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
 
-__all__ = ["SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment", "run_lockstep", "grid_round"]
+__all__ = ["SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment", "run_lockstep", "grid_round",
+           "add_goodput_parser", "run_goodput"]
 
 BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
 
@@ -265,3 +266,131 @@ def attainment(run: dict, slo: SLO, seeds: Sequence[int] = (0,), *, multiplier: 
     att = [m["attainment"] for m in res]
     return {"multiplier": multiplier, "per_seed": {s: m for s, m in zip(seeds, res)},
             "attainment_min": min(att), "attainment_mean": sum(att) / len(att), "attainment_max": max(att)}
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _once(runs: List[dict]) -> Search:
+    """A 'search' of one round: the runs' results as they are (attainment at a fixed load)."""
+    results = yield runs
+    return results
+
+
+def add_goodput_parser(subparsers):
+    """``python -m ray_geolb goodput``: SLO goodput and attainment of systems on a fixed deployment."""
+    import argparse
+
+    from .plan import DEFAULT_PROFILE, DEFAULT_SYSTEMS
+    from .workloads.geo_diurnal import BUILTIN_DEMANDS, DEFAULT_DAY_S
+
+    sp = subparsers.add_parser(
+        "goodput", help="SLO goodput: the largest rate multiplier each system serves within the SLO",
+        description=("SLO goodput of each system on a fixed deployment and a day of regional demand: the largest "
+                     "rate multiplier with P99 TTFT (and TPOT) within the SLO, per seed, and SLO attainment at a "
+                     "fixed multiplier (ray_geolb/sim/goodput.py)."))
+    sp.add_argument("--demand", default="geo-diurnal-3",
+                    help=f"built-in demand ({', '.join(BUILTIN_DEMANDS)}) or a CSV hour,region,rate")
+    sp.add_argument("--mean-rps", type=float, default=None, help="built-in demand: total mean req/s over the day")
+    sp.add_argument("--regions", default="us=2,eu=2,asia=2", help="replicas per region (default us=2,eu=2,asia=2)")
+    sp.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help="comma-separated systems")
+    sp.add_argument("--profile", default=DEFAULT_PROFILE, help=f"engine profile (default {DEFAULT_PROFILE})")
+    sp.add_argument("--ttft-slo", type=float, default=1.0, help="P99 TTFT SLO in seconds (default 1)")
+    sp.add_argument("--tpot-slo", type=float, default=None, help="optional P99 TPOT SLO in seconds per token")
+    sp.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    sp.add_argument("--day-s", type=float, default=DEFAULT_DAY_S, help="simulated seconds for the 24 h day")
+    sp.add_argument("--start", type=float, default=1.0, help="the search's first multiplier (default 1)")
+    sp.add_argument("--bisect-steps", type=int, default=4, help="bisections after bracketing (default 4)")
+    sp.add_argument("--at", type=float, default=1.0, help="SLO attainment at this multiplier (default 1)")
+    sp.add_argument("--out", default=None, help="output directory (goodput.json, goodput.txt)")
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
+    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+    sp.set_defaults(func=run_goodput, _goodput_parser=sp)
+    return sp
+
+
+def run_goodput(args) -> int:
+    import argparse
+    import os
+    import sys
+
+    from ray_geolb.engine.network import RegionNetwork
+    from ray_geolb.engine.profiles import PROFILES
+
+    from .deploy import SYSTEMS, parse_regions
+    from .metrics import dumps
+    from .plan import load_demand
+    from .workloads.geo_diurnal import Demand
+
+    parser = getattr(args, "_goodput_parser", None) or argparse.ArgumentParser(prog="goodput")
+    for flag, v in (("--ttft-slo", args.ttft_slo), ("--day-s", args.day_s), ("--start", args.start),
+                    ("--at", args.at), ("--tpot-slo", args.tpot_slo), ("--mean-rps", args.mean_rps)):
+        if v is not None and not (v > 0 and math.isfinite(v)):
+            parser.error(f"{flag} must be a finite number > 0, got {v}")
+    if args.bisect_steps < 0:
+        parser.error(f"--bisect-steps must be >= 0, got {args.bisect_steps}")
+    if args.profile not in PROFILES:
+        parser.error(f"--profile: unknown engine profile {args.profile!r}; known: {', '.join(sorted(PROFILES))}")
+    try:
+        demand = load_demand(args.demand, args.mean_rps)
+    except ValueError as e:
+        parser.error(f"--demand: {e}")
+    try:
+        replicas = parse_regions(args.regions)
+    except ValueError as e:
+        parser.error(f"--regions: {e}")
+    net = RegionNetwork.default().regions
+    bad = [r for r in list(replicas) + demand.regions if r not in net]
+    if bad:
+        parser.error(f"--regions/--demand: unknown region(s) {sorted(set(bad))}; the network has {net}")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if not systems or unknown:
+        parser.error(f"--systems: unknown system(s) {unknown}; known: {', '.join(sorted(SYSTEMS))}")
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
+    if not seeds:
+        parser.error("--seeds: no seed given")
+    slo = SLO(args.ttft_slo, args.tpot_slo)
+    runs = {s: {"label": s, "group": "goodput", "scenario": "goodput", "system": s, "replicas": replicas,
+                "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": args.day_s}},
+                "sim": {"duration_s": args.day_s + tail_s(slo), "seed": 0}, "deploy": {"profile": args.profile},
+                "slo": slo.to_dict()} for s in systems}
+    searches: Dict[str, Search] = {
+        s: _goodput_search(r, seeds, args.start, 10, args.bisect_steps) for s, r in runs.items()}
+    for s, r in runs.items():
+        searches[f"at:{s}"] = _once([_with_multiplier(r, args.at, seed) for seed in seeds])
+    ans = run_lockstep(searches, ray=args.ray, address=args.address, progress=args.progress, desc="goodput")
+    mean_rps = sum(demand.total()) / 24.0
+    rows = [["system", "goodput x (min / mean / max)", "req/s at mean", f"attainment at x{args.at:g}",
+             f"P99 TTFT at x{args.at:g}"]]
+    out = {"demand": {"source": demand.source, "mean_rps": mean_rps, "rates_rps_by_utc_hour": demand.to_kw()},
+           "replicas": replicas, "profile": args.profile, "slo": slo.to_dict(), "seeds": seeds,
+           "compression": {"day_s": args.day_s, "factor": 86400.0 / args.day_s,
+                           "note": Demand.compression_note(args.day_s)}, "systems": {}}
+    for s in systems:
+        g, at = ans[s], ans[f"at:{s}"]
+        att = [m["attainment"] for m in at]
+        p99 = [m["p99_ttft_s"] for m in at]
+        out["systems"][s] = {"goodput": g, "attainment_at": {"multiplier": args.at, "per_seed": att,
+                                                             "p99_ttft_s_per_seed": p99}}
+        rows.append([s, f"{g['min']:g} / {g['mean']:.3g} / {g['max']:g}", f"{g['mean'] * mean_rps:.1f}",
+                     f"{min(att):.2%}-{max(att):.2%}",
+                     "inf" if any(v is None for v in p99) else f"{max(p99):.3f} (worst seed)"])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    text = (f"goodput: demand {demand.source} (mean {mean_rps:.1f} req/s at x1), replicas {args.regions}, "
+            f"{args.profile}, {slo}, seeds {','.join(map(str, seeds))}\n{Demand.compression_note(args.day_s)}\n\n"
+            + "\n".join(lines))
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "goodput.json"), "w") as f:
+            f.write(dumps(out))
+        with open(os.path.join(args.out, "goodput.txt"), "w") as f:
+            f.write(text + "\n")
+        print(f"wrote {os.path.join(args.out, 'goodput.json')}", file=sys.stderr)
+    return 0

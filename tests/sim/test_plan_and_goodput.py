@@ -202,3 +202,32 @@ def test_plan_on_ray_is_byte_identical_to_the_local_run(local_ray):
     for p in (local, on_ray):
         p.pop("_wall_s")
     assert dumps(on_ray) == dumps(local)
+
+
+def test_goodput_cli_prints_the_spread_and_writes_json(tmp_path, capsys):
+    from ray_geolb.__main__ import main
+
+    out = tmp_path / "gp"
+    rc = main(["goodput", "--mean-rps", "8", "--day-s", "12", "--regions", "us=1,eu=1,asia=1", "--systems",
+               "region-local", "--seeds", "0", "--bisect-steps", "1", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    assert "x3600" not in capsys.readouterr().out  # 12 s day: x7200
+    data = json.loads((out / "goodput.json").read_text())
+    g = data["systems"]["region-local"]["goodput"]
+    assert g["min"] == g["max"] > 0 and data["compression"]["factor"] == 7200.0
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--regions", "us=x"], "--regions"),
+    (["--regions", "mars=1"], "--regions"),
+    (["--systems", "nope"], "--systems"),
+    (["--ttft-slo", "0"], "--ttft-slo"),
+    (["--at", "-2"], "--at"),
+])
+def test_goodput_cli_bad_input_is_an_error_naming_the_field(capsys, argv, flag):
+    from ray_geolb.__main__ import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["goodput", "--no-progress", *argv])
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
