@@ -30,8 +30,10 @@ whatever the parallelism, :func:`~ray_geolb.sim.goodput.run_lockstep`):
    ``c1`` estimate; down while it passes, up while it fails), on a POOLED deployment: the replicas in
    one region, a zero-RTT network, one central prefix-aware LB (``sgl``):
 
-   * **sum of regional peaks**: each region's demand alone on its own pool, summed: what region-local
-     routing needs at perfect balance inside each region;
+   * **sum of regional peaks**: each region's requests alone (exactly as in the whole day: the same
+     times and texts) on its own pool, summed: what region-local routing needs at perfect balance
+     inside each region (its LB is the central ``sgl``, not region-local's ingress, so region-local
+     itself may need more);
    * **one pooled region**: all regions' demand on one pool, which no multi-region system should beat
      (it pays no RTT and sees every replica).
 
@@ -71,10 +73,12 @@ CAPACITY_DAY_S = 48.0
 
 
 def _base_run(label: str, system: str, replicas: Dict[str, int], demand: Demand, day_s: float, multiplier: float,
-              profile: str, slo: SLO, deploy: Optional[dict] = None) -> dict:
+              profile: str, slo: SLO, deploy: Optional[dict] = None, keep: Optional[List[str]] = None) -> dict:
+    kw = {"curves": demand.to_kw(), "day_s": day_s, "multiplier": multiplier}
+    if keep is not None:
+        kw["keep_regions"] = list(keep)
     return {"label": label, "group": "plan", "scenario": "plan", "system": system, "replicas": dict(replicas),
-            "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": day_s,
-                                                       "multiplier": multiplier}},
+            "workload": {"name": "geo-diurnal", "kw": kw},
             "sim": {"duration_s": day_s + tail_s(slo), "seed": 0},
             "deploy": {"profile": profile, **(deploy or {})}, "slo": slo.to_dict(), "hour_s": day_s / 24.0}
 
@@ -236,19 +240,19 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     if bounds:
         zero = _zero_rtt(regions)
 
-        def mk_pool(dem: Demand, tag: str):
-            region = dem.regions[0] if len(dem.regions) == 1 else first
+        def mk_pool(keep: Optional[List[str]], tag: str):
+            region = keep[0] if keep else first
 
-            def mk(n):
-                return _base_run(f"bound-{tag}/{n}", POOL_SYSTEM, {region: n}, dem, day_s, 1.0, profile, slo,
-                                 {"network": zero, "central_region": region})
+            def mk(n):  # the whole day's requests (of ``keep``'s regions only), on one zero-RTT pool
+                return _base_run(f"bound-{tag}/{n}", POOL_SYSTEM, {region: n}, scaled, day_s, 1.0, profile, slo,
+                                 {"network": zero, "central_region": region}, keep)
             return mk
 
         searches["bound:pooled"] = _one_d(max(1, math.ceil(scaled.peak() / c1) - 1), seeds, max_replicas,
-                                          mk_pool(scaled, "pooled"))
+                                          mk_pool(None, "pooled"))
         for r in regions:
             searches[f"bound:peak:{r}"] = _one_d(max(1, math.ceil(scaled.peak(r) / c1) - 1), seeds, max_replicas,
-                                                 mk_pool(scaled.only([r]), f"peak-{r}"))
+                                                 mk_pool([r], f"peak-{r}"))
     answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan")
 
     rows = []

@@ -63,6 +63,15 @@ def test_workload_follows_the_curve_is_deterministic_and_states_the_compression(
     assert any(texts[j].startswith(texts[i][:200]) for i in range(40) for j in range(i + 1, len(texts)))
 
 
+def test_keeping_one_region_keeps_its_requests_exactly_as_in_the_whole_day():
+    whole = by_name("geo-diurnal", day_s=12.0, mean_rps=6.0, seed=1)
+    eu = by_name("geo-diurnal", day_s=12.0, mean_rps=6.0, seed=1, keep_regions=["eu"])
+    same = [(t, p.program_id, p.calls[0].text) for t, p in whole.open.arrivals if p.region == "eu"]
+    assert same and same == [(t, p.program_id, p.calls[0].text) for t, p in eu.open.arrivals]
+    with pytest.raises(ValueError, match="keep_regions"):
+        by_name("geo-diurnal", day_s=12.0, keep_regions=["mars"])
+
+
 def test_demand_csv_holds_a_rate_until_the_next_listed_hour(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("# my demand\nhour,region,rate\n0,us,2\n6,us,10\n18,us,4\n3,eu,5\n")

@@ -259,10 +259,13 @@ def geo_diurnal(curves: Optional[Dict[str, List[float]]] = None, *, day_s: float
                 multiplier: float = 1.0, seed: int = 0, mix: Optional[Dict[str, float]] = None,
                 iat_cv: Optional[float] = None, users: int = 16, repos: int = 16, live: int = 32,
                 reuse: int = 6, context_tokens: Sequence[int] = (2000, 6000), hours: Optional[Sequence[int]] = None,
-                mean_rps: float = DEFAULT_MEAN_RPS) -> Workload:
+                mean_rps: float = DEFAULT_MEAN_RPS, keep_regions: Optional[Sequence[str]] = None) -> Workload:
     """The open-loop day (module docstring). ``curves``: ``{region: 24 hourly real req/s}`` (None: the
     built-in ``geo-diurnal-3`` at ``mean_rps``); ``hours``: simulate only these UTC hours [start, end)
-    (each still ``day_s / 24`` s long, t = 0 at ``start``); ``iat_cv``: None = the Azure trace's."""
+    (each still ``day_s / 24`` s long, t = 0 at ``start``); ``iat_cv``: None = the Azure trace's;
+    ``keep_regions``: keep only these regions' requests, exactly as they are in the whole day (the same
+    times and texts: the shared contexts' sequence runs over every region, so dropping a region from
+    ``curves`` instead would change the others' content)."""
     demand = builtin_demand(mean_rps) if curves is None else Demand({r: list(x) for r, x in curves.items()})
     if not (day_s > 0 and math.isfinite(day_s)):
         raise ValueError(f"day_s must be a finite number > 0, got {day_s!r}")
@@ -277,6 +280,10 @@ def geo_diurnal(curves: Optional[Dict[str, List[float]]] = None, *, day_s: float
     h0, h1 = (0, 24) if hours is None else (int(hours[0]), int(hours[1]))
     if not 0 <= h0 < h1 <= 24:
         raise ValueError(f"hours must be [start, end) with 0 <= start < end <= 24, got {hours!r}")
+    if keep_regions is not None:
+        unknown = [r for r in keep_regions if r not in demand.rates]
+        if unknown or not keep_regions:
+            raise ValueError(f"keep_regions must name some of {demand.regions}, got {keep_regions!r}")
     cv = azure_iat_cv() if iat_cv is None else float(iat_cv)
     bin_s = day_s / 24.0
     kinds = [k for k in DEFAULT_MIX if mix.get(k, 0) > 0]
@@ -330,14 +337,17 @@ def geo_diurnal(curves: Optional[Dict[str, List[float]]] = None, *, day_s: float
             tail = f"\n# edit {r} {k}: " + words(max(0, n_chars - shared), rng_for(seed, "edit", r, k))
             call = Call(prompt=body + tail, output_tokens=max(1, min(gen, 1024)), session_key=f"repo-{r}-{repo}",
                         tenant="code")
-        arrivals.append((t, Program(f"geo-diurnal:{r}:{k}", r, [call])))
+        if keep_regions is None or r in keep_regions:
+            arrivals.append((t, Program(f"geo-diurnal:{r}:{k}", r, [call])))
     note = Demand.compression_note(day_s, multiplier)
     return Workload(
         name="geo-diurnal",
-        description=(f"open-loop diurnal demand ({demand.source or 'curves'}), regions {regions}, UTC hours "
+        description=(f"open-loop diurnal demand ({demand.source or 'curves'}), regions "
+                     f"{regions if keep_regions is None else list(keep_regions)}, UTC hours "
                      f"{h0}-{h1}, {len(arrivals)} requests, mix {mix}, IAT CV {cv:.2f}; {note}"),
         open=OpenLoopSpec(arrivals),
         meta={"day_s": day_s, "compression": REAL_DAY_S / day_s, "multiplier": multiplier, "hours": [h0, h1],
               "iat_cv": cv, "mix": mix, "counts": counts, "seed": seed, "compression_note": note,
+              "keep_regions": None if keep_regions is None else list(keep_regions),
               "rates": demand.to_kw()},
     )
