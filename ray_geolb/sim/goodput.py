@@ -139,13 +139,51 @@ def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = N
 Search = Generator[List[dict], List[dict], Any]
 
 
+class _RoundBar:
+    """Progress on stderr: a tqdm counter of finished runs (imported lazily), or one line per round."""
+
+    def __init__(self, desc: str, enabled: bool):
+        import sys
+
+        self.desc, self.enabled, self.stream = desc, enabled, sys.stderr
+        self.k = self.n = 0
+        self.tq = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.tq = tqdm(desc=desc, unit="run", file=self.stream, leave=True)
+            except ImportError:
+                self.tq = None
+
+    def round(self, runs: int, searches: int) -> None:
+        self.k += 1
+        if not self.enabled:
+            return
+        note = f"round {self.k}: {runs} runs, {searches} searches going"
+        if self.tq is not None:
+            self.tq.set_postfix_str(note)
+        else:
+            self.stream.write(f"{self.desc}: {note} ({self.n} runs done)\n")
+            self.stream.flush()
+
+    def one(self) -> None:
+        self.n += 1
+        if self.tq is not None:
+            self.tq.update(1)
+
+    def close(self) -> None:
+        if self.tq is not None:
+            self.tq.close()
+
+
 def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Optional[str] = None,
                  progress: bool = True, desc: str = "search") -> Dict[str, Any]:
     """Drive generator searches in rounds: each yields a list of run dicts and gets their results back
     (same order) until it returns its answer. A round's runs, from every search still going, are ONE
     batch through :func:`~ray_geolb.sim.sweep.run_many` (local or on Ray). Each search sees only its own
     results, so the answers do not depend on the parallelism. Returns ``{name: answer}``."""
-    from .sweep import ProgressBar, ray_session, run_many
+    from .sweep import ray_session, run_many
 
     answers: Dict[str, Any] = {}
     pending: Dict[str, List[dict]] = {}
@@ -154,13 +192,13 @@ def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Opt
             pending[name] = next(g)
         except StopIteration as e:
             answers[name] = e.value
-    bar = ProgressBar(len(searches), desc, enabled=progress)
-    done_runs = 0
+    bar = _RoundBar(desc, progress)
     with ray_session(ray, address):
         while pending:
             batch = [(name, r) for name, rs in pending.items() for r in rs]
-            results = run_many([r for _, r in batch], ray=ray, address=address, progress=False, fn=slo_run)
-            done_runs += len(batch)
+            bar.round(len(batch), len(pending))
+            results = run_many([r for _, r in batch], ray=ray, address=address, progress=False, fn=slo_run,
+                               on_result=lambda i, m: bar.one())
             nxt: Dict[str, List[dict]] = {}
             for name in pending:
                 res = [m for (n, _), m in zip(batch, results) if n == name]
@@ -169,8 +207,6 @@ def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Opt
                 except StopIteration as e:
                     answers[name] = e.value
             pending = nxt
-            bar.update(len(answers) + 0.5 * bool(pending) / max(1, len(searches)), f"{done_runs} runs")
-    bar.update(len(searches), f"{done_runs} runs")
     bar.close()
     return answers
 
