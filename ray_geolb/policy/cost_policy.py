@@ -31,7 +31,6 @@ and read back at dispatch, so the work accounting uses the estimate the choice w
 from __future__ import annotations
 
 import heapq
-import inspect
 import math
 from typing import Callable, Dict, Hashable, Literal, Optional
 
@@ -41,6 +40,7 @@ from .base import Decision
 from .config import PolicyConfig, PrefixIndexConfig
 from .matching import discounted_hits
 from .prefix_policy import PrefixPolicy
+from .rtt_hook import RttHook
 from .ttft_model import TtftModel, TtftModelConfig, WorkItem, WorkTracker, prefill_pairs
 
 __all__ = ["CostConfig", "CostPolicy"]
@@ -81,7 +81,7 @@ class CostConfig(PolicyConfig):
                             "residual-prefill term and with it all prefix affinity)")
 
 
-class CostPolicy(PrefixPolicy):
+class CostPolicy(RttHook, PrefixPolicy):
     """Prefix index + online TTFT model + per-target work accounting; ``_cost`` is the subclass's."""
 
     default_availability = "sp-p"
@@ -95,38 +95,7 @@ class CostPolicy(PrefixPolicy):
         self._mean_prompt = float(self.config.default_prompt_tokens)
         self._reason = f"{self.name}_cost"
         self._seen_prompts = 0
-        self._rtt_fn = None
-        self._rtt_two = False
-        self.rtt_of_target = rtt_of_target
-
-    # ------------------------------------------------------------ hooks the driver sets
-    @property
-    def rtt_of_target(self):
-        return self._rtt_fn
-
-    @rtt_of_target.setter
-    def rtt_of_target(self, fn):
-        if fn is not None and not callable(fn):
-            raise TypeError("rtt_of_target must be a callable target -> seconds (or (target, request) -> seconds)")
-        self._rtt_fn = fn
-        self._rtt_two = False
-        if fn is not None:
-            try:
-                params = [p for p in inspect.signature(fn).parameters.values()
-                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-                self._rtt_two = len(params) >= 2
-            except (TypeError, ValueError):
-                self._rtt_two = False
-
-    def rtt(self, target: Hashable, req) -> float:
-        fn = self._rtt_fn
-        if fn is None:
-            return 0.0
-        v = fn(target, req) if self._rtt_two else fn(target)
-        v = float(v)
-        if not v >= 0.0:
-            raise ValueError(f"rtt_of_target({target!r}) returned {v!r}; RTT must be a number >= 0")
-        return v
+        self.rtt_of_target = rtt_of_target  # RttHook (policy/rtt_hook.py)
 
     # ------------------------------------------------------------ estimates
     @property

@@ -45,7 +45,6 @@ weights, frozen).
 
 from __future__ import annotations
 
-import inspect
 from typing import Dict, Hashable, Literal, Optional, Tuple
 
 from pydantic import Field, field_validator, model_validator
@@ -54,6 +53,7 @@ from ..base import Decision
 from ..config import PolicyConfig, PrefixIndexConfig, _Strict
 from ..gorgo_tuner import OBJECTIVES, OnlineWeightTuner, check_ranges
 from ..prefix_policy import PrefixPolicy
+from ..rtt_hook import RttHook
 
 __all__ = ["GorgoV2", "GorgoV2TuneConfig"]
 
@@ -98,7 +98,7 @@ class GorgoV2TuneConfig(_Strict):
         return check_ranges(v)
 
 
-class GorgoV2(PrefixPolicy):
+class GorgoV2(RttHook, PrefixPolicy):
     name = "gorgo2"
     default_availability = "bp"
 
@@ -126,9 +126,7 @@ class GorgoV2(PrefixPolicy):
         self.weights: Dict[str, float] = {k: float(getattr(cfg, k)) for k in TUNABLE}
         self._inflight: Dict[Hashable, Tuple[Hashable, int]] = {}  # request id -> (target, prompt tokens)
         self._queued: Dict[Hashable, int] = {}  # target -> prompt tokens dispatched, not completed
-        self._rtt_fn = None
-        self._rtt_two = False
-        self.rtt_of_target = rtt_of_target
+        self.rtt_of_target = rtt_of_target  # RttHook (policy/rtt_hook.py)
         t = cfg.tune
         self.tuner: Optional[OnlineWeightTuner] = None
         if t.enabled:
@@ -138,32 +136,9 @@ class GorgoV2(PrefixPolicy):
                 sigma_min=t.sigma_min, sigma_decay=t.sigma_decay, success_window=t.success_window,
                 target_rate=t.target_rate, tol=t.tol, max_steps=t.max_steps, seed=cfg.seed)
 
-    # ------------------------------------------------------------ the network term's hook
-    @property
-    def rtt_of_target(self):
-        return self._rtt_fn
-
-    @rtt_of_target.setter
-    def rtt_of_target(self, fn):
-        if fn is not None and not callable(fn):
-            raise TypeError("rtt_of_target must be a callable target -> seconds (or (target, request) -> seconds)")
-        self._rtt_fn, self._rtt_two = fn, False
-        if fn is not None:
-            try:
-                params = [p for p in inspect.signature(fn).parameters.values()
-                          if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-                self._rtt_two = len(params) >= 2
-            except (TypeError, ValueError):
-                pass
-
+    # ------------------------------------------------------------ the network term (RttHook)
     def rtt_ms(self, target: Hashable, req) -> float:
-        fn = self._rtt_fn
-        if fn is None:
-            return 0.0
-        v = float(fn(target, req) if self._rtt_two else fn(target))
-        if not v >= 0.0:
-            raise ValueError(f"rtt_of_target({target!r}) returned {v!r}; RTT must be a number >= 0")
-        return 1000.0 * v
+        return 1000.0 * self.rtt(target, req)
 
     # ------------------------------------------------------------ the cost
     def queued_prompt_tokens(self, target: Hashable) -> int:
