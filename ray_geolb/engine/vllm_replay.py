@@ -140,6 +140,19 @@ def _rid(i: int, r: TraceRequest) -> str:
     return r.request_id or f"r{i}"
 
 
+def _note_admissions(rec: StepRecord, before, admitted_once: set) -> None:
+    """Requests ``rec`` scheduled that were not running ``before`` the step: admitted (with the tokens
+    computed before them: their hit), and resumed if admitted once before (both sides alike)."""
+    resumed = set()
+    for rid, (_n, c) in rec.sched.items():
+        if rid not in before:
+            rec.admitted[rid] = c
+            if rid in admitted_once:
+                resumed.add(rid)
+            admitted_once.add(rid)
+    rec.resumed = frozenset(resumed)
+
+
 def _split(rec: StepRecord, rid: str, n: int, c: int, has_output: bool, total: int) -> None:
     rec.sched[rid] = (n, c)
     if n == 1 and has_output and c + 1 == total:
@@ -240,17 +253,11 @@ class VllmSchedulerSide:
         so = s.schedule()
         rec = StepRecord(preempted=frozenset(so.preempted_req_ids or ()))
         reqs = s.requests
-        resumed = set()
         for rid, n in so.num_scheduled_tokens.items():
             r = reqs[rid]
             c = r.num_computed_tokens - n  # schedule() already advanced it
             _split(rec, rid, n, c, r.num_output_tokens > 0, r.num_tokens)
-            if rid not in before:
-                rec.admitted[rid] = c
-                if rid in self._admitted_once:
-                    resumed.add(rid)
-                self._admitted_once.add(rid)
-        rec.resumed = frozenset(resumed)
+        _note_admissions(rec, before, self._admitted_once)
         s.update_from_output(so, self.model_output(so))
         rec.finished = frozenset(rid for rid in so.num_scheduled_tokens if rid not in reqs)
         for rid in rec.finished:
@@ -307,14 +314,7 @@ class EngineModelSide:
         self._now += max(out.duration, 1e-3)
         rec.preempted = frozenset(out.preempted)
         rec.finished = frozenset(out.finished)
-        resumed = set()
-        for rid, (_n, c) in rec.sched.items():
-            if rid not in before:
-                rec.admitted[rid] = c
-                if rid in self._admitted_once:
-                    resumed.add(rid)
-                self._admitted_once.add(rid)
-        rec.resumed = frozenset(resumed)
+        _note_admissions(rec, before, self._admitted_once)
         rec.time_s = self.step_model.time(rec.chunks, rec.decode_contexts)
         return rec
 
