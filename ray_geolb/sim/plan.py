@@ -28,12 +28,13 @@ whatever the parallelism, :func:`~ray_geolb.sim.goodput.run_lockstep`):
    24 x its price.
 3. **Sanity bounds**, printed beside, each by a 1-D search over the replica count (start from the
    ``c1`` estimate; down while it passes, up while it fails), on a POOLED deployment: the replicas in
-   one region, a zero-RTT network, one central prefix-aware LB (``sgl``):
+   one region, a zero-RTT network, one central prefix-aware LB (each of ``POOL_LBS``, Ray's prefix
+   router and SGLang's; the bound is the fewer: a weaker LB would make a loose bound):
 
    * **sum of regional peaks**: each region's requests alone (exactly as in the whole day: the same
      times and texts) on its own pool, summed: what region-local routing needs at perfect balance
-     inside each region (its LB is the central ``sgl``, not region-local's ingress, so region-local
-     itself may need more);
+     inside each region (its LB is a central one, not region-local's ingress, so region-local itself
+     may need more);
    * **one pooled region**: all regions' demand on one pool, which no multi-region system should beat
      (it pays no RTT and sees every replica).
 
@@ -62,12 +63,12 @@ from .workloads.geo_diurnal import (
 )
 
 __all__ = ["DEFAULT_SYSTEMS", "plan", "add_plan_parser", "run_plan", "format_plan", "plot_plan", "load_demand",
-           "POOL_SYSTEM"]
+           "POOL_LBS"]
 
 DEFAULT_SYSTEMS = ["geoprefix", "region-local", "sgl", "ray-prefix"]
 DEFAULT_PROFILE = "llama3.1-8b-h100"
 DEFAULT_PLAN_DAY_S = DEFAULT_DAY_S
-POOL_SYSTEM = "sgl"  # the pooled bounds' central prefix-aware LB
+POOL_LBS = ("ray-prefix", "sgl")  # the pooled bounds' central prefix-aware LBs (the bound: the fewer of them)
 START_FRACTION = 0.6
 CAPACITY_DAY_S = 48.0
 
@@ -175,7 +176,8 @@ def _one_d(start: int, seeds: Sequence[int], max_replicas: int, mk) -> Any:
 def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYSTEMS), profile: str = DEFAULT_PROFILE,
          prices: Optional[Dict[str, float]] = None, seeds: Sequence[int] = (0,), day_s: float = DEFAULT_PLAN_DAY_S,
          multiplier: float = 1.0, max_replicas: int = 64, bounds: bool = True, ray: bool = False,
-         address: Optional[str] = None, progress: bool = True, capacity: Optional[float] = None) -> Dict[str, Any]:
+         address: Optional[str] = None, progress: bool = True, capacity: Optional[float] = None,
+         pool_lbs: Sequence[str] = POOL_LBS) -> Dict[str, Any]:
     """The plan (module docstring) as a JSON-able dict. ``capacity``: skip step 1 and use this ``c1``."""
     from ray_geolb.engine.network import RegionNetwork
     from ray_geolb.engine.profiles import PROFILES
@@ -197,6 +199,11 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
         raise ValueError(f"demand: unknown region(s) {bad}; the network has {net}")
     if not seeds:
         raise ValueError("seeds: at least one seed is needed")
+    for lb in pool_lbs:
+        if lb not in SYSTEMS or SYSTEMS[lb].lb_kind != "central":
+            raise ValueError(f"pool_lbs: {lb!r} is not a central LB system")
+    if bounds and not pool_lbs:
+        raise ValueError("pool_lbs: at least one central LB is needed for the bounds")
     if not (day_s > 0 and math.isfinite(day_s)):
         raise ValueError(f"day_s must be a finite number > 0, got {day_s!r}")
     if not (multiplier > 0 and math.isfinite(multiplier)):
@@ -240,19 +247,20 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     if bounds:
         zero = _zero_rtt(regions)
 
-        def mk_pool(keep: Optional[List[str]], tag: str):
+        def mk_pool(keep: Optional[List[str]], tag: str, lb: str):
             region = keep[0] if keep else first
 
             def mk(n):  # the whole day's requests (of ``keep``'s regions only), on one zero-RTT pool
-                return _base_run(f"bound-{tag}/{n}", POOL_SYSTEM, {region: n}, scaled, day_s, 1.0, profile, slo,
+                return _base_run(f"bound-{tag}-{lb}/{n}", lb, {region: n}, scaled, day_s, 1.0, profile, slo,
                                  {"network": zero, "central_region": region}, keep)
             return mk
 
-        searches["bound:pooled"] = _one_d(max(1, math.ceil(scaled.peak() / c1) - 1), seeds, max_replicas,
-                                          mk_pool(None, "pooled"))
-        for r in regions:
-            searches[f"bound:peak:{r}"] = _one_d(max(1, math.ceil(scaled.peak(r) / c1) - 1), seeds, max_replicas,
-                                                 mk_pool([r], f"peak-{r}"))
+        for lb in pool_lbs:
+            searches[f"bound:pooled:{lb}"] = _one_d(max(1, math.ceil(scaled.peak() / c1) - 1), seeds, max_replicas,
+                                                    mk_pool(None, "pooled", lb))
+            for r in regions:
+                searches[f"bound:peak:{r}:{lb}"] = _one_d(max(1, math.ceil(scaled.peak(r) / c1) - 1), seeds,
+                                                          max_replicas, mk_pool([r], f"peak-{r}", lb))
     answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan")
 
     rows = []
@@ -287,12 +295,20 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
         "systems": rows, "max_replicas": max_replicas,
     }
     if bounds:
-        peak_parts = {r: answers[f"bound:peak:{r}"]["replicas"] for r in regions}
+        def best(key):  # the fewest replicas over the pool LBs (None: none met the SLO), and which LB
+            got = [(answers[f"{key}:{lb}"]["replicas"], lb) for lb in pool_lbs]
+            ok = [g for g in got if g[0] is not None]
+            return min(ok) if ok else (None, None)
+
+        peak_parts = {r: best(f"bound:peak:{r}") for r in regions}
+        pooled = best("bound:pooled")
         out["bounds"] = {
-            "pool_lb": POOL_SYSTEM,
-            "sum_of_regional_peaks": (sum(peak_parts.values()) if all(peak_parts.values()) else None),
-            "sum_of_regional_peaks_per_region": peak_parts,
-            "one_pooled_region": answers["bound:pooled"]["replicas"],
+            "pool_lbs": list(pool_lbs),
+            "sum_of_regional_peaks": (sum(n for n, _ in peak_parts.values())
+                                      if all(n for n, _ in peak_parts.values()) else None),
+            "sum_of_regional_peaks_per_region": {r: n for r, (n, _) in peak_parts.items()},
+            "sum_of_regional_peaks_lb": {r: lb for r, (_, lb) in peak_parts.items()},
+            "one_pooled_region": pooled[0], "one_pooled_region_lb": pooled[1],
             "searches": {k: v for k, v in answers.items() if k.startswith("bound:")},
         }
     out["wall_s_note"] = "not part of the result (wall time varies)"
@@ -329,11 +345,13 @@ def format_plan(p: Dict[str, Any]) -> str:
     text = top + "\n\n" + "\n".join(lines)
     b = p.get("bounds")
     if b:
-        parts = ", ".join(f"{r} {n}" for r, n in b["sum_of_regional_peaks_per_region"].items())
-        text += (f"\n\nbounds (one pool per place, zero RTT, central {b['pool_lb']}):"
+        parts = ", ".join(f"{r} {n} ({b['sum_of_regional_peaks_lb'][r]})"
+                          for r, n in b["sum_of_regional_peaks_per_region"].items())
+        text += (f"\n\nbounds (one pool per place, zero RTT, one central LB: the fewer of {', '.join(b['pool_lbs'])}):"
                  f"\n  sum of regional peaks (region-local at perfect balance): {b['sum_of_regional_peaks']} GPUs "
                  f"({parts})"
-                 f"\n  one pooled region (no multi-region system should need fewer): {b['one_pooled_region']} GPUs")
+                 f"\n  one pooled region (no multi-region system should need fewer): {b['one_pooled_region']} GPUs"
+                 f" ({b['one_pooled_region_lb']})")
     return text
 
 
@@ -401,6 +419,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--capacity", type=float, default=None,
                     help="one replica's req/s at the SLO (skips measuring it)")
     sp.add_argument("--no-bounds", dest="bounds", action="store_false", help="skip the two sanity bounds")
+    sp.add_argument("--pool-lbs", default=",".join(POOL_LBS),
+                    help=f"central LBs the bounds' pools try, the fewer replicas counts (default {','.join(POOL_LBS)})")
     sp.add_argument("--out", default=None, help="output directory (plan.json, plan.txt, plan.png)")
     g = sp.add_mutually_exclusive_group()
     g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
@@ -469,11 +489,11 @@ def run_plan(args) -> int:
         p = plan(demand, SLO(args.ttft_slo, args.tpot_slo), systems=systems, profile=args.profile, prices=prices,
                  seeds=seeds, day_s=args.day_s, multiplier=args.rate_scale, max_replicas=args.max_replicas,
                  bounds=args.bounds, ray=args.ray, address=args.address, progress=args.progress,
-                 capacity=args.capacity)
+                 capacity=args.capacity, pool_lbs=[s.strip() for s in args.pool_lbs.split(",") if s.strip()])
     except ValueError as e:
         field = str(e).split(":", 1)[0].split(" ", 1)[0]
         flag = {"profile": "--profile", "systems": "--systems", "prices": "--price", "seeds": "--seeds",
-                "max_replicas": "--max-replicas", "demand": "--demand"}.get(field)
+                "max_replicas": "--max-replicas", "demand": "--demand", "pool_lbs": "--pool-lbs"}.get(field)
         parser.error(f"{flag}: {e}" if flag else str(e))
     wall = p.pop("_wall_s")
     p.pop("wall_s_note", None)

@@ -146,6 +146,7 @@ def test_plan_small_case_reports_gpus_savings_bounds_and_the_compression():
     assert p["compression"]["factor"] == 3600.0
     text = format_plan(p)
     assert "x3600" in text and "one pooled region" in text and "sum of regional peaks" in text
+    assert b["one_pooled_region_lb"] in ("ray-prefix", "sgl")
     json.loads(dumps(p))
 
 
@@ -177,6 +178,7 @@ def test_plan_cli_writes_table_json_and_png(tmp_path, capsys):
     (["--demand", "GOOD_CSV", "--mean-rps", "3"], "--mean-rps"),
     (["--day-s", "0"], "--day-s"),
     (["--max-replicas", "1"], "--max-replicas"),
+    (["--pool-lbs", "geoprefix"], "--pool-lbs"),
 ])
 def test_plan_cli_bad_input_is_an_error_naming_the_field(tmp_path, capsys, argv, flag):
     from ray_geolb.__main__ import main
