@@ -21,7 +21,8 @@ whatever the parallelism, :func:`~ray_geolb.sim.goodput.run_lockstep`):
    locality; the start is below any region's need at the rates we tried, see the prune step); simulate
    the day (every seed); while the SLO is missed (on the worst seed: the P99 over all requests or over
    one client region's requests above the SLO, :func:`~ray_geolb.sim.goodput.slo_run`), add one
-   replica to the region whose clients' P99 TTFT is the worst (ties: the region order) and simulate
+   replica to the region whose clients' P99 TTFT is the worst (ties, e.g. several regions overloaded
+   with an infinite P99: the lowest SLO attainment, then the region order) and simulate
    again, up to ``max_replicas`` in total. Then **prune**, once per region the greedy never grew
    (largest first): one replica less, kept if the SLO still holds. The answer is the replicas per
    region, fixed all day (reserved GPUs): GPU-hours = GPUs x 24 h, cost = sum of each region's GPUs x
@@ -100,14 +101,17 @@ def _worst(results: List[dict]) -> Dict[str, Any]:
     """Over seeds: meets = every seed meets; per region the worst P99 TTFT (None = infinite)."""
     inf = float("inf")
     per_region: Dict[str, float] = {}
+    attain: Dict[str, float] = {}
     for m in results:
         for r, st in m["per_region"].items():
             v = inf if st["p99_ttft_s"] is None else st["p99_ttft_s"]
             per_region[r] = max(per_region.get(r, -inf), v)
+            attain[r] = min(attain.get(r, 1.0), st["attainment"] if st["attainment"] is not None else 0.0)
     p99 = [inf if m["p99_ttft_s"] is None else m["p99_ttft_s"] for m in results]
     tpot = [inf if m["p99_tpot_s"] is None else m["p99_tpot_s"] for m in results]
     return {"meets": all(m["meets"] for m in results), "p99_ttft_s": max(p99), "p99_tpot_s": max(tpot),
-            "attainment": min(m["attainment"] or 0.0 for m in results), "per_region_p99_ttft_s": per_region}
+            "attainment": min(m["attainment"] or 0.0 for m in results), "per_region_p99_ttft_s": per_region,
+            "per_region_attainment": attain}
 
 
 def _fin(x: float) -> Optional[float]:
@@ -123,7 +127,8 @@ def _greedy(system: str, demand: Demand, start: Dict[str, int], seeds: Sequence[
 
     def record(reps, w):
         history.append({"replicas": dict(reps), "meets": w["meets"], "p99_ttft_s": _fin(w["p99_ttft_s"]),
-                        "per_region_p99_ttft_s": {r: _fin(v) for r, v in w["per_region_p99_ttft_s"].items()}})
+                        "per_region_p99_ttft_s": {r: _fin(v) for r, v in w["per_region_p99_ttft_s"].items()},
+                        "per_region_attainment": dict(w["per_region_attainment"])})
 
     while True:
         res = yield [_seeded(mk(system, reps), s) for s in seeds]
@@ -134,8 +139,9 @@ def _greedy(system: str, demand: Demand, start: Dict[str, int], seeds: Sequence[
         if sum(reps.values()) >= max_replicas:
             return {"system": system, "replicas": None, "met": False, "history": history,
                     "note": f"SLO not met with {max_replicas} replicas (--max-replicas)"}
-        per = w["per_region_p99_ttft_s"]
-        region = max(demand.regions, key=lambda r: (per.get(r, -1.0), -demand.regions.index(r)))
+        per, att = w["per_region_p99_ttft_s"], w["per_region_attainment"]
+        # the worst P99; among equal ones (several regions overloaded: infinite) the lowest attainment
+        region = max(demand.regions, key=lambda r: (per.get(r, -1.0), -att.get(r, 1.0), -demand.regions.index(r)))
         reps[region] += 1
         grown.add(region)
     best, best_w = dict(reps), w
