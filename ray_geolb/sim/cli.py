@@ -21,6 +21,8 @@ import sys
 import time
 from typing import List
 
+from .sweep import add_runner_args
+
 __all__ = ["add_simulate_parser", "run_simulate", "main"]
 
 
@@ -74,10 +76,7 @@ def add_simulate_parser(subparsers) -> argparse.ArgumentParser:
                          "(policy/region/config.py: RegionLayerSettings)")
     sp.add_argument("--data-dir", default=None, help="directory with full data files (sharegpt / wildchat / gsm8k)")
     sp.add_argument("--out", default=None, help="output directory (results.json, summary.txt, PNG)")
-    g = sp.add_mutually_exclusive_group()
-    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
-    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
-    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+    add_runner_args(sp)
     sp.set_defaults(func=run_simulate, _simulate_parser=sp)
     return sp
 

@@ -313,9 +313,9 @@ def _once(runs: List[dict]) -> Search:
 
 def add_goodput_parser(subparsers):
     """``python -m ray_geolb goodput``: SLO goodput and attainment of systems on a fixed deployment."""
-    import argparse
 
     from .plan import DEFAULT_PROFILE, DEFAULT_SYSTEMS
+    from .sweep import add_runner_args
     from .workloads.geo_diurnal import BUILTIN_DEMANDS, DEFAULT_DAY_S
 
     sp = subparsers.add_parser(
@@ -337,10 +337,7 @@ def add_goodput_parser(subparsers):
     sp.add_argument("--bisect-steps", type=int, default=4, help="bisections after bracketing (default 4)")
     sp.add_argument("--at", type=float, default=1.0, help="SLO attainment at this multiplier (default 1)")
     sp.add_argument("--out", default=None, help="output directory (goodput.json, goodput.txt)")
-    g = sp.add_mutually_exclusive_group()
-    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
-    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
-    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+    add_runner_args(sp)
     sp.set_defaults(func=run_goodput, _goodput_parser=sp)
     return sp
 

@@ -54,6 +54,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .goodput import SLO, goodput_many, run_lockstep, tail_s
+from .sweep import add_runner_args
 from .workloads.geo_diurnal import (
     BUILTIN_DEMANDS,
     DEFAULT_DAY_S,
@@ -428,10 +429,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--pool-lbs", default=",".join(POOL_LBS),
                     help=f"central LBs the bounds' pools try, the fewer replicas counts (default {','.join(POOL_LBS)})")
     sp.add_argument("--out", default=None, help="output directory (plan.json, plan.txt, plan.png)")
-    g = sp.add_mutually_exclusive_group()
-    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
-    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
-    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+    add_runner_args(sp)
     sp.set_defaults(func=run_plan, _plan_parser=sp)
     return sp
 
@@ -520,16 +518,3 @@ def run_plan(args) -> int:
         except ImportError as e:
             print(f"no plot ({e})", file=sys.stderr)
     return 0
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ray_geolb.sim.plan")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    add_plan_parser(sub)
-    args = ap.parse_args(["plan", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-

@@ -82,6 +82,17 @@ def grid(systems: Sequence[str], seeds: Sequence[int], replica_sets: Sequence[Di
     return runs
 
 
+def add_runner_args(sp) -> None:
+    """The runner's options on a command's argparse parser (``simulate``, ``plan``, ``goodput``): ``--ray`` or
+    ``--address`` (:func:`run_many`'s), and ``--progress / --no-progress``."""
+    import argparse
+
+    g = sp.add_mutually_exclusive_group()
+    g.add_argument("--ray", action="store_true", help="run the simulations as tasks on a fresh local Ray (2 CPUs)")
+    g.add_argument("--address", default=None, help="run the simulations on an existing Ray cluster")
+    sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
+
+
 def _init_ray(address: Optional[str], num_cpus: int = 2) -> bool:
     """Start (or join, with ``address``) Ray unless it is up; True when this call started it."""
     import ray as ray_mod
