@@ -389,16 +389,17 @@ def test_a_forward_that_times_out_is_504_and_never_sent_to_a_second_region():
         return SimpleNamespace(forwarded=SimpleNamespace(remote=remote))
 
     ing.peers.handle = handle
-    # 2 s, not less: the deadline must outlast the way to the forward on a loaded machine (0.4 s once ran
-    # out before the forward was sent, in a full suite run beside a simulation job)
-    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "2"}, "chat", cfg,
+    # 1 s: long enough to reach the forward on a loaded machine, short next to the peers' 2-s staleness
+    ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "1"}, "chat", cfg,
                         origin="us", request_id="t1")
     with pytest.raises(GeoHTTPError) as e:
         asyncio.run(ing.process(ctx))
     assert e.value.status == 504 and e.value.type == "deadline_exceeded"
     assert len(sent) == 1 and sent[0][2].cancelled == 1  # one region only, told to stop
-    assert 0 < sent[0][1]["deadline_in_s"] <= 2
-    assert sent[0][0] in ing.available_peers()  # slow is not down
+    assert 0 < sent[0][1]["deadline_in_s"] <= 1
+    # slow is not down: no open circuit (availability itself also ages with the peer's heartbeat, which
+    # this test does not send, so it is not what to check on a slow machine)
+    assert not ing.peers.circuit_open(sent[0][0])
 
 
 def test_a_stream_whose_consumer_stops_asking_closes_itself_and_returns_its_slot():
