@@ -587,6 +587,12 @@ class EngineModel:
         return [RequestTiming(s.id, s.uncached, max(0.0, s.sched_ts - s.ready), t_first - s.sched_ts)
                 for s in first_seqs]
 
+    def _finish(self, s: _Seq) -> None:
+        """A request produced its last token: done, its blocks freed, forgotten."""
+        s.status = _DONE
+        self._free(s)
+        del self._reqs[s.id]
+
     def _decode_step(self, running: list) -> StepOutput:
         """One iteration when every running request decodes and nothing waits (the common case).
 
@@ -600,6 +606,7 @@ class EngineModel:
         preempted = []
         tokens = []
         finished = None
+        reg = None
         ctx = 0
         lmax = 0
         i = 0
@@ -615,7 +622,12 @@ class EngineModel:
             if c > lmax:
                 lmax = c
             if s.next_hash < len(s.hashes) and c // B > s.next_hash:
-                self._register_blocks(s, c)  # a full output block (its hash was given: EngineRequest)
+                # a full output block whose hash was given (EngineRequest): registered after every
+                # allocation of the step, as _apply does (registering may free a duplicate block)
+                if reg is None:
+                    reg = [s]
+                else:
+                    reg.append(s)
             o = s.num_output + 1
             s.num_output = o
             tokens.append(s.id)
@@ -630,13 +642,19 @@ class EngineModel:
             return StepOutput(0.0, preempted=preempted)
         decodes = len(tokens)
         fin_ids = []
-        if finished is not None:
-            reqs = self._reqs
+        if reg is not None:  # batch order: each request registers, then is freed if finished (as _apply)
+            regs = set(map(id, reg))
+            done = set(map(id, finished)) if finished is not None else ()
+            for s in running[:i]:
+                if id(s) in regs:
+                    self._register_blocks(s, s.num_computed)
+                if id(s) in done:
+                    self._finish(s)
+        elif finished is not None:
             for s in finished:
-                s.status = _DONE
-                self._free(s)
-                del reqs[s.id]
-                fin_ids.append(s.id)
+                self._finish(s)
+        if finished is not None:
+            fin_ids = [s.id for s in finished]
             self._running = [s for s in running if s.status == _RUNNING]
             self._num_finished += len(finished)
         self._num_steps += 1

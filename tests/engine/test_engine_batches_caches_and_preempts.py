@@ -326,7 +326,9 @@ def test_property_all_finish_and_block_accounting(reqs, blocks, seqs, budget, ca
     for _ in range(200_000):
         while k < len(arrivals) and arrivals[k][0] <= now:
             t, rid, p, o, fam = arrivals[k]
-            hashes = blocks_from_hash_ids(fam_ids[fam])[: p // 16]
+            # prompt and output blocks (the output's hashes given, as for a replayed reply): output blocks
+            # are registered as they fill, on both paths, at the same point of the step
+            hashes = blocks_from_hash_ids(fam_ids[fam])[: (p + o - 1) // 16]
             eng.add_request(EngineRequest(rid, p, o, hashes), t)
             expected[rid] = o
             k += 1
@@ -388,8 +390,8 @@ def test_config_is_frozen_dataclass():
        abort_every=st.integers(0, 7))
 def test_decode_fast_path_is_identical_to_general_path(reqs, blocks, seqs, budget, caching, overhead, abort_every):
     """Two engines, one with the all-decode fast path and one without, driven in lockstep (same
-    arrivals, same aborts, KV pressure forcing preemptions): every step's output, the stats and
-    the block accounting are identical."""
+    arrivals, same aborts, KV pressure forcing preemptions, output blocks cached): every step's output,
+    the stats and the block accounting are identical."""
     def mk(fast):
         e = EngineModel(PROFILE, EngineConfig.from_profile(
             PROFILE, num_gpu_blocks=blocks, max_num_seqs=seqs, max_num_batched_tokens=budget,
@@ -404,7 +406,9 @@ def test_decode_fast_path_is_identical_to_general_path(reqs, blocks, seqs, budge
     for _ in range(200_000):
         while k < len(arrivals) and arrivals[k][0] <= now:
             t, rid, p, o, fam = arrivals[k]
-            hashes = blocks_from_hash_ids(fam_ids[fam])[: p // 16]
+            # prompt and output blocks (the output's hashes given, as for a replayed reply): output blocks
+            # are registered as they fill, on both paths, at the same point of the step
+            hashes = blocks_from_hash_ids(fam_ids[fam])[: (p + o - 1) // 16]
             for e in (fast, slow):
                 e.add_request(EngineRequest(rid, p, o, hashes), t)
             k += 1
