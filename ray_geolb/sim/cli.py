@@ -21,7 +21,7 @@ import sys
 import time
 from typing import List
 
-from .sweep import add_runner_args
+from .sweep import add_runner_args, parse_seeds
 
 __all__ = ["add_simulate_parser", "run_simulate", "main"]
 
@@ -172,13 +172,7 @@ def _check_numbers(args, parser) -> None:
 def _seeds(args, parser) -> List[int]:
     if not args.seeds:
         return [args.seed]
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not seeds:
-        parser.error("--seeds: no seed given")
-    return seeds
+    return parse_seeds(parser, args.seeds)
 
 
 def _scenario_runs(args, parser, seeds: List[int], deploy_over: dict) -> List[dict]:

@@ -353,6 +353,7 @@ def run_goodput(args) -> int:
     from .deploy import SYSTEMS, parse_regions
     from .metrics import dumps
     from .plan import load_demand
+    from .sweep import parse_seeds
     from .workloads.geo_diurnal import Demand
 
     parser = getattr(args, "_goodput_parser", None) or argparse.ArgumentParser(prog="goodput")
@@ -380,12 +381,7 @@ def run_goodput(args) -> int:
     unknown = [s for s in systems if s not in SYSTEMS]
     if not systems or unknown:
         parser.error(f"--systems: unknown system(s) {unknown}; known: {', '.join(sorted(SYSTEMS))}")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not seeds:
-        parser.error("--seeds: no seed given")
+    seeds = parse_seeds(parser, args.seeds)
     slo = SLO(args.ttft_slo, args.tpot_slo)
     runs = {s: {"label": s, "group": "goodput", "scenario": "goodput", "system": s, "replicas": replicas,
                 "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": args.day_s}},

@@ -54,7 +54,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .goodput import SLO, goodput_many, run_lockstep, tail_s
-from .sweep import add_runner_args
+from .sweep import add_runner_args, parse_seeds
 from .workloads.geo_diurnal import (
     BUILTIN_DEMANDS,
     DEFAULT_DAY_S,
@@ -481,12 +481,7 @@ def run_plan(args) -> int:
         parser.error(f"--demand: {e}")
     except ValueError as e:
         parser.error(f"--demand: {e}")
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    except ValueError:
-        parser.error(f"--seeds: expected comma-separated integers, got {args.seeds!r}")
-    if not seeds:
-        parser.error("--seeds: no seed given")
+    seeds = parse_seeds(parser, args.seeds)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     prices = _parse_prices(parser, args.price)
     try:

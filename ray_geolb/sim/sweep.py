@@ -93,6 +93,17 @@ def add_runner_args(sp) -> None:
     sp.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True, help="progress bar on stderr")
 
 
+def parse_seeds(parser, spec: str) -> List[int]:
+    """``--seeds`` ("0,1,2") as ints; an argparse error naming the flag when it is not that, or empty."""
+    try:
+        seeds = [int(s) for s in spec.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated integers, got {spec!r}")
+    if not seeds:
+        parser.error("--seeds: no seed given")
+    return seeds
+
+
 def _init_ray(address: Optional[str], num_cpus: int = 2) -> bool:
     """Start (or join, with ``address``) Ray unless it is up; True when this call started it."""
     import ray as ray_mod
