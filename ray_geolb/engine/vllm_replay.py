@@ -13,10 +13,11 @@ Block counts: vLLM's block pool keeps one block as its null block, so ``num_bloc
 ``num_blocks - 1`` usable blocks; the engine model gets ``num_blocks - 1``.
 
 vLLM is imported lazily (inside functions): ``import ray_geolb.engine`` never needs it.  Building the
-scheduler follows /work/shared/notes/vllm-0.29-scheduler-on-cpu.md (offline hub, in-process model-class
-inspection, a hand-written Llama-3.1-8B ``config.json``, no weights).  Callers run the project's
-torch-extras guard (``ray_geolb.serve.llm_server.guard_broken_torch_extras()``) before the first call:
-this package does not import ``ray_geolb.serve``.
+scheduler on CPU takes an offline hub (``HF_HUB_OFFLINE=1``), the model-class inspection run in-process
+instead of in a subprocess, a hand-written Llama-3.1-8B ``config.json`` (``ray_geolb/data/vllm_llama8b/``)
+and no weights; ``device_config`` cpu and the KV cache config set by hand (see :class:`VllmSchedulerSide`).
+Callers run the project's torch-extras guard (``ray_geolb.serve.llm_server.guard_broken_torch_extras()``)
+before the first call: this package does not import ``ray_geolb.serve``.
 """
 
 from __future__ import annotations
