@@ -351,7 +351,7 @@ def run_goodput(args) -> int:
     from ray_geolb.engine.profiles import PROFILES
 
     from .deploy import SYSTEMS, parse_regions
-    from .metrics import dumps
+    from .metrics import dumps, text_table
     from .plan import load_demand
     from .sweep import parse_seeds
     from .workloads.geo_diurnal import Demand
@@ -408,12 +408,9 @@ def run_goodput(args) -> int:
         rows.append([s, f"{g['min']:g} / {g['mean']:.3g} / {g['max']:g}", f"{g['mean'] * mean_rps:.1f}",
                      f"{min(att):.2%}-{max(att):.2%}",
                      "inf" if any(v is None for v in p99) else f"{max(p99):.3f} (worst seed)"])
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
     text = (f"goodput: demand {demand.source} (mean {mean_rps:.1f} req/s at x1), replicas {args.regions}, "
             f"{args.profile}, {slo}, seeds {','.join(map(str, seeds))}\n{Demand.compression_note(args.day_s)}\n\n"
-            + "\n".join(lines))
+            + text_table(rows))
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

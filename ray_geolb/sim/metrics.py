@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterable, List, Sequence
 
 from ray_geolb.percentile import percentile
 
-__all__ = ["summarize", "dumps", "round_floats", "percentiles", "summary_table", "ttft_values"]
+__all__ = ["summarize", "dumps", "round_floats", "percentiles", "summary_table", "text_table", "ttft_values"]
 
 FLOAT_DIGITS = 6
 
@@ -143,9 +143,15 @@ def summary_table(rows: Sequence[Dict[str, Any]], label: str = "system", header:
             v = _get(m, k)
             line.append("-" if v is None else f.format(v))
         table.append(line)
-    widths = [max(len(r[i]) for r in table) for i in range(len(cols))]
+    return text_table(table)
+
+
+def text_table(rows: Sequence[Sequence[str]]) -> str:
+    """Rows of strings as aligned plain text: the first row is the header, underlined with dashes; the
+    first column left-aligned, the others right-aligned (the simulator's, plan's and goodput's tables)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = []
-    for j, r in enumerate(table):
+    for j, r in enumerate(rows):
         out.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
         if j == 0:
             out.append("  ".join("-" * w for w in widths))

@@ -54,6 +54,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .goodput import SLO, goodput_many, run_lockstep, tail_s
+from .metrics import text_table
 from .sweep import add_runner_args, parse_seeds
 from .workloads.geo_diurnal import (
     BUILTIN_DEMANDS,
@@ -337,19 +338,13 @@ def format_plan(p: Dict[str, Any]) -> str:
                       f"{row['p99_ttft_s']:.3f}" if row.get("p99_ttft_s") is not None else "-",
                       f"{row['attainment']:.2%}" if row.get("attainment") is not None else "-",
                       "yes" if row["met"] else "NO"])
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    lines = []
-    for j, t in enumerate(table):
-        lines.append("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(t, widths))))
-        if j == 0:
-            lines.append("  ".join("-" * w for w in widths))
     d = p["demand"]
     peaks = ", ".join(f"{r} peak {d['peak_rps'][r]:.1f}" for r in regions)
     top = (f"plan: demand {d['source']} ({peaks}, "
            f"total peak {d['peak_total_rps']:.1f} req/s), {p['profile']}, {p['slo_text']}, seeds "
            f"{','.join(map(str, p['seeds']))}\n{p['compression']['note']}\n"
            f"one replica serves {p['one_replica_capacity_rps']:.2f} req/s at the SLO (flat load)")
-    text = top + "\n\n" + "\n".join(lines)
+    text = top + "\n\n" + text_table(table)
     b = p.get("bounds")
     if b:
         parts = ", ".join(f"{r} {n} ({b['sum_of_regional_peaks_lb'][r]})"
