@@ -87,6 +87,7 @@ def _stats(rows: List[tuple], missed: int, slo: SLO) -> Dict[str, Any]:
 
 def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = None) -> Dict[str, Any]:
     """One run (a RunSpec dict + ``"slo"``) -> SLO figures (module docstring). Pure: a function of ``run``."""
+    from .attribution import attribute
     from .deploy import deployment_for
     from .run_spec import RunSpec
     from .scenarios import build_workload
@@ -129,6 +130,7 @@ def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = N
         out["per_hour"] = {f"{r}/{h:02d}": {k: v for k, v in _stats(by_hour[(r, h)], max(
             0, sent_by_hour.get((r, h), 0) - len(by_hour[(r, h)])), slo).items() if k in ("p99_ttft_s", "sent")}
             for (r, h) in sorted(by_hour)}
+    out["attribution"] = attribute(res, slo.ttft_s, total_sent)
     out.update({"label": spec.label, "system": spec.system, "replicas": dict(spec.replicas),
                 "seed": spec.sim.seed, "multiplier": spec.workload.kw.get("multiplier", 1.0),
                 "slo": slo.to_dict(), "counters": dict(res.counters), "elapsed_s": res.elapsed_s})
@@ -336,6 +338,8 @@ def add_goodput_parser(subparsers):
     sp.add_argument("--start", type=float, default=1.0, help="the search's first multiplier (default 1)")
     sp.add_argument("--bisect-steps", type=int, default=4, help="bisections after bracketing (default 4)")
     sp.add_argument("--at", type=float, default=1.0, help="SLO attainment at this multiplier (default 1)")
+    sp.add_argument("--attribute", action="store_true",
+                    help="also split the requests lost at --at by where their TTFT went (sim/attribution.py)")
     sp.add_argument("--out", default=None, help="output directory (goodput.json, goodput.txt)")
     add_runner_args(sp)
     sp.set_defaults(func=run_goodput, _goodput_parser=sp)
@@ -411,6 +415,14 @@ def run_goodput(args) -> int:
     text = (f"goodput: demand {demand.source} (mean {mean_rps:.1f} req/s at x1), replicas {args.regions}, "
             f"{args.profile}, {slo}, seeds {','.join(map(str, seeds))}\n{Demand.compression_note(args.day_s)}\n\n"
             + text_table(rows))
+    if getattr(args, "attribute", False):
+        from .attribution import attribution_rows, merge
+
+        att = {s: merge([m["attribution"] for m in ans[f"at:{s}"]]) for s in systems}
+        for s in systems:
+            out["systems"][s]["attribution_at"] = att[s]
+        text += (f"\n\nwhere the requests lost at x{args.at:g} spent their TTFT (summed over seeds; lost: TTFT over "
+                 f"the SLO, missed: never answered; sim/attribution.py):\n" + text_table(attribution_rows(att)))
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -171,7 +171,7 @@ class _Run:
 class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
                  "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp",
-                 "max_tokens", "ideal_hit", "kv_hashes", "eng_uncached")
+                 "max_tokens", "ideal_hit", "kv_hashes", "eng_uncached", "eng_queued", "eng_prefill")
 
     def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send, max_tokens=None):
         self.rid = rid
@@ -184,6 +184,8 @@ class _Req:
         self.hashes = hashes
         self.kv_hashes = hashes  # what the engine may cache: the prompt's blocks, then the reply's if known
         self.eng_uncached = None  # prompt tokens the engine prefilled (its RequestTiming), as a replica reports
+        self.eng_queued = 0.0  # its RequestTiming's queued_s (waiting in the engine) and prefill_s
+        self.eng_prefill = 0.0
         self.t_send = t_send
         self.t_lb = 0.0
         self.lb_wait = 0.0
@@ -215,6 +217,9 @@ class SimResult:
     #: the ideal prefix-hit bound of this run's trace and the engines' load (sim/observe.py)
     ideal: Optional[dict] = None
     load: Optional[dict] = None
+    #: per completed request, in ``requests``' order: (network s -- the one-way delays to the replica and
+    #: back, engine queued s, engine prefill s, uncached prompt tokens); ``sim/attribution.py`` reads it
+    breakdown: Optional[List[tuple]] = None
 
 
 class Simulator:
@@ -316,6 +321,7 @@ class Simulator:
                   "heartbeats": 0, "lb_queue_full": 0, "lb_wait_timeout": 0}
         self.decisions: Dict[str, int] = {}
         self.records: List[tuple] = []
+        self.breakdown: List[tuple] = []
         self.samples = {"t": [], "outstanding_cv": [], "outstanding_max_min": [], "outstanding_spread": [],
                         "lb_queue": []}
         self._inflight = 0
@@ -412,7 +418,8 @@ class Simulator:
         handlers = (lb.on_arrive, self._on_rep_arrive, self._on_step_end, self._on_step_wake, lb.on_done,
                     self._on_client_done, self._on_stats_measure, lb.on_stats, lb.on_heartbeat, self._on_reg_arrive,
                     self._on_prog_start, self._on_open_arrival, self._on_sample, lb.on_ping_reply,
-                    self._on_reg_reply, lb.on_rtt_probe, lb.on_timeout, self._on_retry)
+                    self._on_reg_reply, lb.on_rtt_probe, lb.on_timeout, self._on_retry,
+                    lb.on_steal_offer, lb.on_stolen, lb.on_steal_settle, lb.on_steal_answer)
         drain = cfg.drain
         last = 0.0
         progress = self.progress
@@ -579,6 +586,7 @@ class Simulator:
             now = self.now
             self.records.append((req.t_send, req.t_first + req.path - req.t_send, now - req.t_send, req.prompt,
                                  req.out, req.lb_wait, req.cross, req.region, req.replica.id))
+            self.breakdown.append((2.0 * req.path, req.eng_queued, req.eng_prefill, req.eng_uncached or 0))
         self._call_done(req.run, req.ci)
 
     # ------------------------------------------------------------------ LB services (sim/region_lb.py)
@@ -638,6 +646,7 @@ class Simulator:
             self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)
                                                                     for r, p in router.peers.items()}})
         lb.pump(everyone=True)
+        lb.offer_slots()
         self.push(max(t0 + self.settings.heartbeat_period_s, now), HEARTBEAT, lb)
 
     # ------------------------------------------------------------------ replicas
@@ -682,7 +691,10 @@ class Simulator:
             req.t_first = now
             ideal.count(req.prompt, req.ideal_hit)
         for tm in out.timings:
-            reqs[tm.request_id].eng_uncached = tm.uncached_tokens
+            req = reqs[tm.request_id]
+            req.eng_uncached = tm.uncached_tokens
+            req.eng_queued = tm.queued_s
+            req.eng_prefill = tm.prefill_s
         if out.finished:
             ow = self.one_way
             for rid in out.finished:
@@ -724,6 +736,7 @@ class Simulator:
                       "kind": "closed" if wl.closed is not None else "open"},
             elapsed_s=elapsed,
             requests=self.records,
+            breakdown=self.breakdown,
             counters=c,
             engine_stats=eng,
             samples=self.samples,
