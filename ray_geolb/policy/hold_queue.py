@@ -26,12 +26,13 @@ V = TypeVar("V")
 class HoldQueue(Generic[K, V]):
     """Entries in arrival order with their prompt-token sum (see the module docstring)."""
 
-    __slots__ = ("_items", "_tokens", "_tokens_of")
+    __slots__ = ("_items", "_tokens", "_tokens_of", "_seq")
 
     def __init__(self, tokens_of: Callable[[V], int]):
-        self._items: "OrderedDict[K, Tuple[V, int]]" = OrderedDict()
+        self._items: "OrderedDict[K, Tuple[V, int, int]]" = OrderedDict()
         self._tokens = 0
         self._tokens_of = tokens_of
+        self._seq = 0  # each entry's place: increasing in arrival order (restore puts one back by it)
 
     # ------------------------------------------------------------ reads
     def __len__(self) -> int:
@@ -52,7 +53,7 @@ class HoldQueue(Generic[K, V]):
 
     def items(self) -> Iterator[Tuple[K, V]]:
         """(key, item) pairs, head first."""
-        return ((k, v) for k, (v, _) in self._items.items())
+        return ((k, e[0]) for k, e in self._items.items())
 
     @property
     def tokens(self) -> int:
@@ -61,8 +62,8 @@ class HoldQueue(Generic[K, V]):
 
     def head(self) -> Optional[Tuple[K, V]]:
         """(key, item) of the oldest entry, or None when empty."""
-        for k, (v, _) in self._items.items():
-            return k, v
+        for k, e in self._items.items():
+            return k, e[0]
         return None
 
     def is_head(self, key) -> bool:
@@ -71,12 +72,17 @@ class HoldQueue(Generic[K, V]):
     def ahead(self, key) -> Tuple[int, int]:
         """(entries, prompt tokens) queued before ``key``; a key not queued is a newcomer, behind all."""
         n = tok = 0
-        for k, (_, t) in self._items.items():
+        for k, e in self._items.items():
             if k == key:
                 break
             n += 1
-            tok += t
+            tok += e[1]
         return n, tok
+
+    def place(self, key) -> Optional[int]:
+        """``key``'s place in arrival order (what :meth:`restore` takes), or None if it is not queued."""
+        e = self._items.get(key)
+        return e[2] if e is not None else None
 
     # ------------------------------------------------------------ changes
     def append(self, key: K, item: V) -> bool:
@@ -84,15 +90,32 @@ class HoldQueue(Generic[K, V]):
         if key in self._items:
             return False
         t = self._tokens_of(item)
-        self._items[key] = (item, t)
+        self._seq += 1
+        self._items[key] = (item, t, self._seq)
         self._tokens += t
+        return True
+
+    def restore(self, key: K, item: V, place: int) -> bool:
+        """Put ``item`` back at its old ``place`` (from :meth:`place`), before every entry that came after it
+        (a request handed to a peer that refused it); False if ``key`` is already queued. O(entries)."""
+        if key in self._items:
+            return False
+        t = self._tokens_of(item)
+        items = self._items
+        later = [k for k, e in items.items() if e[2] > place]
+        items[key] = (item, t, place)
+        self._tokens += t
+        for k in later:  # everything that came after it goes behind it again, in its order
+            items.move_to_end(k)
         return True
 
     def __setitem__(self, key: K, item: V) -> None:
         """Append, or replace a queued entry's item in its place (its tokens taken anew)."""
         old = self._items.get(key)
         t = self._tokens_of(item)
-        self._items[key] = (item, t)
+        if old is None:
+            self._seq += 1
+        self._items[key] = (item, t, old[2] if old is not None else self._seq)
         self._tokens += t - (old[1] if old is not None else 0)
 
     def remove(self, key) -> Optional[V]:
@@ -105,6 +128,6 @@ class HoldQueue(Generic[K, V]):
 
     def pop_head(self) -> Tuple[K, V]:
         """Take the oldest entry out (KeyError when empty)."""
-        k, (v, t) = self._items.popitem(last=False)
+        k, (v, t, _) = self._items.popitem(last=False)
         self._tokens -= t
         return k, v
