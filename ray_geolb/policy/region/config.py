@@ -21,8 +21,8 @@ from pydantic import Field, field_validator
 from ..config import PrefixIndexConfig, _Strict
 from ..ttft_model import TtftModelConfig
 
-__all__ = ["REGION_PATTERN", "CostSelectorConfig", "GORGO_COST", "GEOPREFIX_COST", "REGION_LAYER",
-           "RegionLayerSettings", "TwoLayerConfig"]
+__all__ = ["REGION_PATTERN", "MAX_OFFER_SLOTS", "StealConfig", "CostSelectorConfig", "GORGO_COST", "GEOPREFIX_COST",
+           "REGION_LAYER", "RegionLayerSettings", "TwoLayerConfig"]
 
 REGION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$"
 
@@ -75,6 +75,26 @@ class CostSelectorConfig(_Strict):
                                 "home peer is priced as if it held the prompt and needs no margin, so a new shared "
                                 "context that arrives in several regions at once is prefilled once (None: off)")
     ttft: TtftModelConfig = TtftModelConfig()
+
+
+#: the most slots one steal offer may carry (a bound on what a victim hands over at once)
+MAX_OFFER_SLOTS = 1024
+
+
+class StealConfig(_Strict):
+    """``TwoLayerConfig.steal``: whether this region steals and is stolen from, and the exchange's bounds."""
+
+    enabled: bool = Field(False, description="offer free slots to peers with held requests, and hand held "
+                                             "requests over to a peer's offer")
+    offer_ttl_s: float = Field(1.0, gt=0.0, allow_inf_nan=False,
+                               description="an offer's slots are held this long; a stolen request arriving later "
+                                           "is refused (it goes back to its victim's queue)")
+    max_in_flight: int = Field(16, ge=1, le=MAX_OFFER_SLOTS,
+                               description="requests one victim has handed to one thief and not yet seen settled")
+    min_gain_s: float = Field(0.0, ge=0.0, allow_inf_nan=False,
+                              description="a request moves only if the thief's expected TTFT plus the RTT beats "
+                                          "its expected TTFT here by this much")
+    scan: int = Field(64, ge=1, le=4096, description="held requests (oldest first) a victim considers per offer")
 
 
 #: the two presets of the 'cost' selector, as config instances (frozen; ``preset.model_copy(update={...})``
@@ -165,6 +185,7 @@ class TwoLayerConfig(_Strict):
     snapshot: PrefixIndexConfig = PrefixIndexConfig(max_nodes=100_000)
     virtual_nodes: int = Field(256, ge=1)
     cost: CostSelectorConfig = Field(CostSelectorConfig(), description="the 'cost' selector's settings (remote='cost')")
+    steal: StealConfig = Field(StealConfig(), description="cross-region work stealing (region/steal.py)")
     tenant_regions: Dict[str, FrozenSet[str]] = Field(default_factory=dict,
                                                       description="tenant -> regions its requests may be served in")
 

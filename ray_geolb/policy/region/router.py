@@ -32,7 +32,7 @@ local layer is read through :class:`~ray_geolb.policy.region.local_layer.LocalLa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Hashable, Iterable, List, Literal, Optional
+from typing import Callable, Dict, Hashable, Iterable, List, Literal, Optional, Tuple
 
 from ..base import RouteRequest
 from ..hash_ring import HashRing
@@ -45,6 +45,7 @@ from .peer_selector import PeerSelector
 from .prefix_selector import PrefixSelector
 from .prefix_summary import PrefixSummary
 from .ring_selector import RingSelector
+from .steal import Thief, Victim
 
 __all__ = ["PEER_SELECTORS", "PeerState", "RegionDecision", "RegionRouter"]
 
@@ -110,6 +111,10 @@ class RegionRouter:
         self.queued_tokens: Optional[float] = None
         self._summary: Optional[PrefixSummary] = None
         self._summary_mark = None
+        #: cross-region work stealing (``config.steal``; steal.py): this region's offers out (as a thief)
+        #: and the requests it handed over (as a victim); None when stealing is off
+        self.thief: Optional[Thief] = Thief(config.steal, self.region) if config.steal.enabled else None
+        self.victim: Optional[Victim] = Victim(config.steal) if config.steal.enabled else None
 
     # ------------------------------------------------------------ peer table
     def update_peer(self, state: PeerState) -> None:
@@ -125,6 +130,8 @@ class RegionRouter:
         self.peers[state.region] = state
 
     def remove_peer(self, region: str) -> None:
+        if self.thief is not None:
+            self.thief.forget(region)
         if self.peers.pop(region, None) is not None:
             self.ring.remove(region)
             self.snapshot.remove_target(region)
@@ -237,6 +244,29 @@ class RegionRouter:
             hb.extra = sel.heartbeat_extra(self, queued_tokens)
         hb.prefix_summary = self.prefix_summary()
         return hb
+
+    # ------------------------------------------------------------ work stealing (steal.py)
+    def steal_price(self) -> Tuple[float, float]:
+        """What a steal offer from this region says a moved request costs here: ``(wait_s, t_p_s)`` -- the
+        local engines' queued prefill spread over the replicas, and the price per uncached prompt token
+        (the 'cost' selector's estimates; a default one without it)."""
+        sel = self.selector or CostSelector()
+        tp = sel.local_t_p(self)
+        n = max(1, len(self.local.targets))
+        mean = self.local.mean_prompt_tokens or 1024.0
+        return tp * sel.engine_queued_tokens(self, float(mean)) / n, tp
+
+    def steal_rtt(self, region: str) -> float:
+        """The RTT a steal to or from ``region`` pays (measured, else the heartbeat's, else a default)."""
+        return (self.selector or CostSelector()).rtt_of(self, region)
+
+    def stay_cost(self, req: RouteRequest, now: float) -> Optional[float]:
+        """A held request's expected TTFT here with :meth:`set_queue`'s requests ahead of it (None: it may
+        not stay here) -- what a victim weighs a steal against."""
+        return (self.selector or CostSelector()).local_cost(self, req, now)
+
+    def chars_per_token(self) -> float:
+        return self.selector.config.chars_per_token if self.selector is not None else 4.0
 
     # ------------------------------------------------------------ decisions
     def decide(self, req: RouteRequest, now: float, candidates: Optional[Iterable[Hashable]] = None) -> RegionDecision:
