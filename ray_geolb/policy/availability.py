@@ -59,6 +59,8 @@ __all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLE
            "parse_engine_work", "EngineWorkError", "ENGINE_WORK_FIELDS", "ENGINE_WORK_OPTIONAL"]
 
 AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
+#: a step's prefill budget when a report does not say (vLLM's max_num_batched_tokens on an H100 profile)
+DEFAULT_STEP_TOKENS = 8192
 #: most TTFT samples one report may carry (a replica sends only those since its previous report)
 MAX_TTFT_SAMPLES = 1024
 
@@ -162,6 +164,8 @@ class ReplicaStats:
     #: the engine started (report key ``engine_work``; :func:`parse_engine_work`); a cost policy differences
     #: two reports to fit t_p (and, with ``prefill_pairs``, the prefill-attention price per pair)
     engine_work: Optional[Tuple[float, ...]] = None
+    #: the engine's prefill budget per step (vLLM's ``max_num_batched_tokens``), if reported
+    max_num_batched_tokens: Optional[int] = None
 
     _ALIASES = {
         "num_waiting": ("num_waiting", "num_waiting_reqs", "waiting", "pending"),
@@ -171,6 +175,7 @@ class ReplicaStats:
         "max_num_seqs": ("max_num_seqs",),
         "num_gpu_blocks": ("num_gpu_blocks",),
         "block_tokens": ("block_tokens", "block_size"),
+        "max_num_batched_tokens": ("max_num_batched_tokens",),
     }
 
     @classmethod
@@ -210,6 +215,7 @@ class ReplicaStats:
             max_num_seqs=_count_or_none(vals.get("max_num_seqs"), "max_num_seqs"),
             num_gpu_blocks=_count_or_none(vals.get("num_gpu_blocks"), "num_gpu_blocks"),
             block_tokens=_count_or_none(vals.get("block_tokens"), "block_tokens"),
+            max_num_batched_tokens=_count_or_none(vals.get("max_num_batched_tokens"), "max_num_batched_tokens"),
             ttft_samples=parse_ttft_samples(d.get("ttft_samples")),
             engine_work=parse_engine_work(d.get("engine_work")),
         )
@@ -218,17 +224,18 @@ class ReplicaStats:
 
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
-                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free")
+                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
         self.figures_since = 0.0  # report time at which these figures were first reported
         self.idle_since = -math.inf  # when this router last had nothing in flight here (-inf: never sent)
         self.distrusted = False  # the last report's waiting count is ignored (frozen report)
-        self.inflight: Dict[Hashable, tuple] = {}  # request id -> (dispatch time, tokens)
+        self.inflight: Dict[Hashable, tuple] = {}  # request id -> (dispatch time, tokens, uncached tokens)
         self.stats: Optional[ReplicaStats] = None
         self.unseen = 0  # in flight, dispatched after stats.timestamp
         self.unseen_tokens = 0  # their prompt tokens
+        self.unseen_prefill = 0  # their uncached prompt tokens (the prefill the last report cannot show)
         self.completed_seen = 0  # completed since the report, and counted by it
         self.credits = 0  # request slots granted by the report
         self.kv_budget: Optional[float] = None  # free KV tokens at the report (None: not reported)
@@ -248,6 +255,7 @@ class LoadTracker:
         request_tokens: int = 1024,
         seen_margin_s: float = 0.0,
         stale_report_s: Optional[float] = 5.0,
+        prefill_budget_steps: Optional[float] = None,
     ):
         if mode not in AVAILABILITY_MODES:
             raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
@@ -267,6 +275,15 @@ class LoadTracker:
         self.stale_report_s = None if stale_report_s is None else float(stale_report_s)
         #: reports ignored by that rule so far
         self.distrusted_reports = 0
+        if prefill_budget_steps is not None and not (isinstance(prefill_budget_steps, (int, float))
+                                                     and 0 < prefill_budget_steps < math.inf):
+            raise ValueError(f"prefill_budget_steps must be a number > 0 or None, got {prefill_budget_steps!r}")
+        #: SP-P's unreported-work cap: a target takes no new request once the uncached prompt tokens sent
+        #: to it since its last report reach this many of its steps' prefill budget (the report's
+        #: ``max_num_batched_tokens``, else ``DEFAULT_STEP_TOKENS``); None: off
+        self.prefill_budget_steps = prefill_budget_steps
+        #: grants the cap refused (a target that SP-P's slots alone would have left available)
+        self.prefill_capped = 0
         #: (rank, n): this router's share of each report's headroom (:meth:`set_share`)
         self.share = (0, 1)
         self.mode = mode
@@ -326,12 +343,13 @@ class LoadTracker:
             st.figures_since = stats.timestamp
         st.distrusted = False
         ts = stats.timestamp - self.seen_margin_s
-        n = tok = 0
-        for t, k in st.inflight.values():
+        n = tok = pre = 0
+        for t, k, u in st.inflight.values():
             if t > ts:
                 n += 1
                 tok += k
-        st.unseen, st.unseen_tokens = n, tok
+                pre += u
+        st.unseen, st.unseen_tokens, st.unseen_prefill = n, tok, pre
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
         if self.share[1] > 1:
@@ -397,7 +415,10 @@ class LoadTracker:
             return self.max_burst, kv
         return min(self.unknown_headroom, self.max_burst), kv
 
-    def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0) -> None:
+    def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0,
+                    uncached: Optional[float] = None) -> None:
+        """Count a request at ``target``: ``tokens`` prompt tokens (``request_tokens`` if unknown), of which
+        ``uncached`` must be prefilled there (None: all of them; what the unreported-work cap counts)."""
         st = self._t.get(target)
         if st is None:
             self.add_target(target)
@@ -405,13 +426,15 @@ class LoadTracker:
         if request_id in st.inflight:
             return  # counted once, however often the caller reports it
         tokens = tokens if tokens > 0 else self.request_tokens
-        st.inflight[request_id] = (now, tokens)
+        pre = tokens if uncached is None else max(0, min(tokens, int(uncached)))
+        st.inflight[request_id] = (now, tokens, pre)
         self._out[target] = len(st.inflight)
         st.tokens_inflight += tokens
         self._req_target[request_id] = target
         if st.stats is None or now > st.stats.timestamp - self.seen_margin_s:
             st.unseen += 1
             st.unseen_tokens += tokens
+            st.unseen_prefill += pre
         self._refresh(target, st)
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None) -> bool:
@@ -429,13 +452,14 @@ class LoadTracker:
         if entry is None:
             return False
         self._out[target] = len(st.inflight)
-        t, tok = entry
+        t, tok, pre = entry
         if not st.inflight:
             st.idle_since = t if now is None else now
         st.tokens_inflight = max(0, st.tokens_inflight - tok)
         if st.stats is None or t > st.stats.timestamp - self.seen_margin_s:
             st.unseen = max(0, st.unseen - 1)
             st.unseen_tokens = max(0, st.unseen_tokens - tok)
+            st.unseen_prefill = max(0, st.unseen_prefill - pre)
         else:
             st.completed_seen += 1
         self._refresh(target, st)
@@ -467,6 +491,11 @@ class LoadTracker:
             return 0
         if st.kv_budget is not None:
             free = min(free, int((st.kv_budget - st.unseen_tokens) // self.request_tokens))
+        if self.prefill_budget_steps is not None and free > 0:
+            step = st.stats.max_num_batched_tokens if st.stats is not None else None
+            if st.unseen_prefill >= self.prefill_budget_steps * (step or DEFAULT_STEP_TOKENS):
+                self.prefill_capped += 1
+                return 0
         return max(0, free)
 
     def free_slots(self) -> int:

@@ -165,6 +165,7 @@ class Policy:
             request_tokens=av.request_tokens,
             seen_margin_s=av.seen_margin_s,
             stale_report_s=av.stale_report_s,
+            prefill_budget_steps=av.prefill_budget_steps,
         )
         self.rng = random.Random(self.config.seed)
         self.cache_probe = cache_probe
@@ -240,7 +241,8 @@ class Policy:
         return self._pick(req, eligible, now)
 
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
-        self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens)
+        self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
+                                 uncached=self.uncached_at(req, target))
         self._record(req, target, now)
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: float = 0.0,
@@ -262,7 +264,13 @@ class Policy:
         """Count ``req`` at ``target`` from the moment it was picked, before it is really sent (two
         requests picked before the first is acknowledged must not both see the same headroom).
         :meth:`on_dispatch` of the same request later counts nothing twice; :meth:`release` undoes it."""
-        self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens)
+        self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
+                                 uncached=self.uncached_at(req, target))
+
+    def uncached_at(self, req: RouteRequest, target: Hashable) -> Optional[float]:
+        """The prompt tokens ``req`` is expected to prefill at ``target`` (what SP-P's unreported-work cap
+        counts); None: all of them. A cost policy answers from what it priced at choice time."""
+        return None
 
     def release(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None) -> bool:
         """Uncount a reservation that will not be sent (retried, rejected, failed, cancelled): load

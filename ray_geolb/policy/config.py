@@ -37,6 +37,11 @@ class AvailabilityConfig(_Strict):
                                                                       "this long while this router had nothing in "
                                                                       "flight at that replica (a frozen report of an "
                                                                       "idle engine); None: always trusted")
+    prefill_budget_steps: Optional[float] = Field(
+        None, gt=0.0, allow_inf_nan=False,
+        description="SP-P's unreported-work cap: a replica takes no new request once the uncached prompt tokens sent "
+                    "to it since its last report reach this many steps' prefill budget (its report's "
+                    "max_num_batched_tokens, else 8192); None: off")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when "
                                                         "its prompt size is unknown, and the least KV budget a replica "
                                                         "must have left to stay available")

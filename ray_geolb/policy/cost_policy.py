@@ -252,6 +252,12 @@ class CostPolicy(RttHook, PrefixPolicy):
         return Decision(t, matched, self._reason)
 
     # ------------------------------------------------------------ events
+    def uncached_at(self, req, target):
+        pricing = req.pricing_by(self)
+        if pricing is None or target not in pricing[0]:
+            return None
+        return max(0.0, req.prompt_tokens - pricing[0][target])
+
     def _record(self, req, target, now):
         pricing = req.pricing_by(self)
         hits = pricing[0] if pricing is not None else None
