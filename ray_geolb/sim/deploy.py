@@ -275,6 +275,9 @@ register_system("gorgo2-static", "central",
                 rtt_aware=True)
 register_system("geoprefix", "per-region", "geoprefix",
                 "GeoPrefix (ours): per-region LBs, per-request TTFT cost, cost selector with the peer's queue")
+register_system("geoprefix-steal", "per-region", "geoprefix",
+                "GeoPrefix with cross-region work stealing (policy/region/steal.py): idle regions pull held requests",
+                two_layer={"steal": {"enabled": True}})
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

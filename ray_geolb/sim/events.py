@@ -5,3 +5,6 @@ LB_ARRIVE, REP_ARRIVE, STEP_END, STEP_WAKE, LB_DONE, CLIENT_DONE = 0, 1, 2, 3, 4
 STATS_MEASURE, STATS_DELIVER, HEARTBEAT, REG_ARRIVE, PROG_START, OPEN_ARRIVAL, SAMPLE, PING_REPLY = (
     6, 7, 8, 9, 10, 11, 12, 13)
 REG_REPLY, RTT_PROBE, LB_TIMEOUT, RETRY = 14, 15, 16, 17
+#: cross-region work stealing (policy/region/steal.py): an offer reaching its victim, a stolen request
+#: reaching its thief, the thief's answer (taken / refused, the request back with it) reaching the victim
+STEAL_OFFER, STEAL_ARRIVE, STEAL_SETTLE, STEAL_ANSWER = 18, 19, 20, 21

@@ -26,7 +26,18 @@ from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule, Verdict
 from ray_geolb.policy.region.router import RegionDecision, RegionRouter
 
-from .events import LB_ARRIVE, LB_TIMEOUT, PING_REPLY, REG_ARRIVE, REP_ARRIVE, RTT_PROBE
+from .events import (
+    LB_ARRIVE,
+    LB_TIMEOUT,
+    PING_REPLY,
+    REG_ARRIVE,
+    REP_ARRIVE,
+    RTT_PROBE,
+    STEAL_ANSWER,
+    STEAL_ARRIVE,
+    STEAL_OFFER,
+    STEAL_SETTLE,
+)
 
 __all__ = ["LBDriver", "RegionLB"]
 
@@ -65,7 +76,7 @@ class RegionLB:
     (per-region and region-local LBs); False: a central LB."""
 
     __slots__ = ("sim", "name", "region", "router", "queue", "peers", "policy", "ingress", "rule", "reg_delay",
-                 "summary_rule")
+                 "summary_rule", "thief", "victim")
 
     def __init__(self, sim: LBDriver, name: str, region: str, router: RegionRouter, ingress: bool = False):
         self.sim = sim
@@ -84,6 +95,9 @@ class RegionLB:
         self.reg_delay: Optional[float] = None
         #: which of its heartbeats carry its prefix summary (Serve: PeerMesh.heartbeat, the same rule)
         self.summary_rule = SummarySendRule()
+        #: cross-region work stealing (TwoLayerConfig.steal; policy/region/steal.py): the router's, per-region LBs only
+        self.thief = router.thief if ingress else None
+        self.victim = router.victim if ingress else None
 
     # ------------------------------------------------------------------ the queue
     def on_arrive(self, req) -> None:
@@ -241,6 +255,7 @@ class RegionLB:
             self.policy.observe_ttft(req.replica.id, req.eng_uncached, ttft)
         self.router.on_local_complete(sim.now)  # the 'cost' selector's local drain rate (stay_slot_wait)
         self.pump()
+        self.offer_slots()
 
     def on_stats(self, item) -> None:
         """A replica's report reaches this LB."""
@@ -249,6 +264,98 @@ class RegionLB:
         sim = self.sim
         if sim.trace is not None:
             sim.trace("stats", {"lb": self.name, "target": rid, "t": sim.now, "stats": st})
+        self.pump()
+
+    # ------------------------------------------------------------------ work stealing (policy/region/steal.py)
+    def offer_slots(self) -> None:
+        """As a thief: offer this LB's free local slots to the peers whose table shows held requests (after
+        each peer table and each local completion; nothing while its own requests wait)."""
+        thief = self.thief
+        if thief is None:
+            return
+        sim = self.sim
+        router = self.router
+        offers = thief.offers(router, sim.now, len(self.policy.tracker.available), len(self.queue),
+                              *router.steal_price())
+        for peer, offer in offers:
+            sim.c["steal_offers"] = sim.c.get("steal_offers", 0) + 1
+            sim.push(sim.now + sim.one_way(self.region, sim.lbs[peer].region), STEAL_OFFER, sim.lbs[peer],
+                     (self, offer))
+
+    def on_steal_offer(self, item) -> None:
+        """As a victim: a peer's offer arrives. The picked requests leave the queue first, then travel to
+        the thief (``hops`` + 1, like a forward); the answer tells the thief how many and what is left."""
+        thief_lb, offer = item
+        sim = self.sim
+        now = sim.now
+        q = self.queue
+        victim = self.victim
+        keys = []
+        if victim is not None and q:
+            router = self.router
+            keys = victim.pick(offer, ((rid, r.rreq) for rid, r in q.items()), router.steal_rtt(offer.thief),
+                               self._stay_cost(now),
+                               router.config.max_hops, router.chars_per_token())
+        delay = sim.one_way(self.region, thief_lb.region)
+        for rid in keys:
+            place = q.place(rid)
+            req = q.remove(rid)
+            victim.sent(offer.thief, rid, (place, req.rreq.hops, req.cross, req.path))
+            req.lb_wait += now - req.t_lb
+            req.rreq.hops += 1
+            req.cross = True
+            req.path += delay
+            sim.c["steals_handed"] = sim.c.get("steals_handed", 0) + 1
+            sim.push(now + delay, STEAL_ARRIVE, thief_lb, (self, offer.offer_id, req))
+        sim.push(now + delay, STEAL_ANSWER, thief_lb, (self.region, offer.offer_id, len(keys), len(q)))
+        if keys:
+            self.pump()
+
+    def _stay_cost(self, now: float):
+        """``stay_cost_s(i, tokens, req)`` for :meth:`Victim.pick`: the request's expected TTFT here with
+        ``i`` held requests (``tokens`` prompt tokens) ahead of it (the 'cost' selector's stay price)."""
+        router = self.router
+
+        def cost(i: int, tokens: float, req):
+            router.set_queue(i, tokens)
+            return router.stay_cost(req, now)
+        return cost
+
+    def on_steal_answer(self, item) -> None:
+        """As a thief: the victim's answer to an offer (how many it handed over, how many it still holds)."""
+        victim_region, offer_id, handed, left = item
+        self.thief.answered(victim_region, offer_id, handed, left)
+        if not handed:
+            self.offer_slots()
+
+    def on_stolen(self, item) -> None:
+        """As a thief: a stolen request arrives. Taken: decided like a forwarded request (it can move no
+        further); refused (its offer expired or used): it goes back to its victim with the answer."""
+        victim_lb, offer_id, req = item
+        sim = self.sim
+        taken = self.thief is not None and self.thief.take(victim_lb.region, offer_id, sim.now)
+        back = sim.one_way(self.region, victim_lb.region)
+        sim.push(sim.now + back, STEAL_SETTLE, victim_lb, (self.region, req, taken))
+        if taken:
+            sim.c["steals_taken"] = sim.c.get("steals_taken", 0) + 1
+            self.on_arrive(req)
+        else:
+            sim.c["steals_refused"] = sim.c.get("steals_refused", 0) + 1
+
+    def on_steal_settle(self, item) -> None:
+        """As a victim: the thief's answer for one handed request; a refused one is put back at its place."""
+        thief_region, req, taken = item
+        st = self.victim.settle(thief_region, req.rid, taken)
+        if taken or st is None:
+            return
+        place, hops, cross, path = st
+        req.rreq.hops, req.cross, req.path = hops, cross, path
+        sim = self.sim
+        req.t_lb = sim.now
+        self.queue.restore(req.rid, req, place)
+        limit = self.rule.wait_limit()
+        if limit is not None:  # its wait limit starts again here (as for any request that reaches this LB)
+            sim.push(sim.now + limit, LB_TIMEOUT, self, (req, req.t_lb))
         self.pump()
 
     # ------------------------------------------------------------------ registry link and RTT probes
