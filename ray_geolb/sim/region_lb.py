@@ -295,7 +295,7 @@ class RegionLB:
             router = self.router
             keys = victim.pick(offer, ((rid, r.rreq) for rid, r in q.items()), router.steal_rtt(offer.thief),
                                self._stay_cost(now),
-                               router.config.max_hops, router.chars_per_token())
+                               router.config.max_hops, router.chars_per_token(), router.min_match_chars())
         delay = sim.one_way(self.region, thief_lb.region)
         for rid in keys:
             place = q.place(rid)

@@ -268,6 +268,10 @@ class RegionRouter:
     def chars_per_token(self) -> float:
         return self.selector.config.chars_per_token if self.selector is not None else 4.0
 
+    def min_match_chars(self) -> int:
+        """The shortest prefix match (bytes) the 'cost' selector counts (1 without it)."""
+        return max(1, self.selector.config.min_match_chars) if self.selector is not None else 1
+
     # ------------------------------------------------------------ decisions
     def decide(self, req: RouteRequest, now: float, candidates: Optional[Iterable[Hashable]] = None) -> RegionDecision:
         self._apply_tenant(req)

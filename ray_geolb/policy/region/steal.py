@@ -196,11 +196,12 @@ class Victim:
 
     def pick(self, offer: StealOffer, held: Iterable[Tuple[Hashable, Any]], rtt_s: float,
              stay_cost_s: Callable[[int, float, Any], Optional[float]], max_hops: int,
-             chars_per_token: float = 4.0) -> List[Hashable]:
+             chars_per_token: float = 4.0, min_match_chars: int = 1) -> List[Hashable]:
         """The keys of the held requests to hand to ``offer``'s thief, in hand-over order (module
         docstring, step 2). ``held``: (key, RouteRequest) head first; ``stay_cost_s(i, tokens, req)``: the
         request's expected TTFT here with ``i`` requests (``tokens`` prompt tokens) ahead of it (None: it
-        may not stay here)."""
+        may not stay here). A summary match shorter than ``min_match_chars`` counts as none (a Bloom
+        filter's false positive on a first block must not jump the queue)."""
         self.counts["offers_seen"] += 1
         cfg = self.config
         room = min(offer.slots, cfg.max_in_flight - len(self.in_flight.get(offer.thief, ())))
@@ -216,6 +217,8 @@ class Victim:
             if allowed is not None and offer.thief not in allowed:
                 continue
             matched = offer.summary.match(req) if offer.summary is not None and req.text is not None else 0
+            if matched < min_match_chars:
+                matched = 0
             there = rtt_s + offer.wait_s + offer.t_p_s * max(0.0, req.prompt_tokens - matched / chars_per_token)
             here = stay_cost_s(i, tokens, req)
             if here is not None and here - there < cfg.min_gain_s:
