@@ -59,6 +59,12 @@ METRICS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
                                        "bad_request (400/404/413), region_not_allowed (403), forward_failed"),
     "geolb_forwards_total": ("counter", ("src", "dst"), "requests forwarded from region src to region dst"),
     "geolb_ingress_queue": ("gauge", (), "requests waiting at the ingress (admission queue)"),
+    "geolb_steals_total": ("counter", ("event", "peer"),
+                           "work stealing with a peer region: offers_sent / offers_failed / offers_received / "
+                           "bad_offers, requests handed (to a thief), taken / refused (from a victim), "
+                           "settled_taken / returned (a handed request its thief took or sent back)"),
+    "geolb_steal_offer_bytes_total": ("counter", ("peer",), "bytes of the steal offers sent to a peer region "
+                                                            "(JSON wire form)"),
     "geolb_peer_rtt_seconds": ("gauge", ("peer",), "measured round-trip time to a peer region's ingress"),
     "geolb_peer_available_replicas": ("gauge", ("peer",), "a peer region's available replicas, as last heard"),
     "geolb_peer_age_seconds": ("gauge", ("peer",), "age of the last state heard from a peer region, from when "

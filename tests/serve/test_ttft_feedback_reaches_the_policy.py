@@ -14,6 +14,7 @@ from ray_geolb.policy.availability import MAX_TTFT_SAMPLES
 from ray_geolb.policy.region import GEOPREFIX_COST, GORGO_COST, CostSelector, PeerState, RegionRouter, TwoLayerConfig
 from ray_geolb.policy.ttft_model import POOLED
 from ray_geolb.serve.clock import policy_now
+from ray_geolb.serve.ingress.admission import Waiter
 
 
 # ---------------------------------------------------------------------------------------------- parsing
@@ -214,7 +215,8 @@ def test_local_view_is_the_live_policy_and_prices_staying_like_the_simulator():
     now = 5.0
     assert ing.router.selector.local_cost(ing.router, req, now) == pytest.approx(sim.selector.local_cost(sim, req, now))
     # heartbeat extras: what the simulator's RegionRouter.heartbeat sends, queue = ingress + router queue
-    ing.admission.queue.append(asyncio.Event(), 250)  # one request waiting at the ingress, 250 prompt tokens
+    w = Waiter(RouteRequest(request_id="w", text="", prompt_tokens=250))
+    ing.admission.queue.append(w, w)  # one request waiting at the ingress, 250 prompt tokens
     ex = ing.heartbeat_extra()
     assert ex == sim.heartbeat(4, now, queued_tokens=1150.0).extra
     assert ex["replicas"] == 2 and ex["inflight"] == 4 and ex["t_p_s"] == pytest.approx(2e-4)
@@ -338,8 +340,9 @@ def test_stay_cost_includes_the_measured_wait_for_a_local_slot():
     d = ing.decide(req(1))
     assert d.kind == "forward" and d.target == "eu", sel.last_costs
     assert sel.last_slot_wait_s == pytest.approx(3.2 / 6, rel=0.05)  # nothing ahead: one slot's wait
-    ing.admission.queue.append(asyncio.Event(), 0)
-    ing.admission.queue.append(asyncio.Event(), 0)
+    for i in range(2):
+        w = Waiter(RouteRequest(request_id=f"w{i}", text=""))
+        ing.admission.queue.append(w, w)
     ing.decide(req(2))
     assert sel.last_slot_wait_s == pytest.approx(3 * 3.2 / 6, rel=0.05)  # two ahead at this LB
 

@@ -41,8 +41,9 @@ Each part is a class that owns its state (a module imports only the modules abov
 * ``admission.py`` -- :class:`AdmissionQueue`: the FCFS hold queue (a ``policy.hold_queue.HoldQueue``);
 * ``peers.py`` -- :class:`PeerMesh`: peer handles, RTT probes, heartbeats, the snapshot mirror;
 * ``local_call.py`` -- the local call with its one retry before the first token;
-  ``forward.py`` -- the one-hop forward, streamed or not; ``telemetry.py`` -- counters, metrics, the
-  typed errors they count, the state payload (three parts of :class:`RequestPath`);
+  ``forward.py`` -- the one-hop forward, streamed or not; ``steal.py`` -- cross-region work stealing
+  (offers, picks, hand-overs; off unless ``two_layer.steal.enabled``); ``telemetry.py`` -- counters,
+  metrics, the typed errors they count, the state payload (four parts of :class:`RequestPath`);
 * ``request_path.py`` -- :class:`RequestPath`: owns the RegionRouter and drives the parts above
   (decide, admit, run locally or forward);
 * ``deployment.py`` -- :class:`RegionIngress`, the FastAPI ``@serve.ingress`` deployment: HTTP

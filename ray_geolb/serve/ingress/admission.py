@@ -12,14 +12,19 @@ simulator's LB runs too; this class only waits, wakes and answers.
 
 The waiting requests and their prompt-token sum are one :class:`~ray_geolb.policy.hold_queue.HoldQueue`
 -- the same FCFS queue the simulator's LB and the GeoPrefixRouter hold requests in -- so "queued
-tokens ahead" of a request is counted one way everywhere.
+tokens ahead" of a request is counted one way everywhere. Each entry is a :class:`Waiter` (its
+``RouteRequest`` and wake-up event), so a work-stealing victim (``steal.py``) can pick held requests
+(:meth:`AdmissionQueue.held`), take one out and wake it with a hand-over decision
+(:meth:`AdmissionQueue.hand_over`), and put one its thief refused back at its old place
+(``admit(..., place=)``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable, Hashable, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterator, Optional, Tuple
 
 from ray_geolb.aio import wait_or_timeout
 from ray_geolb.policy.base import RouteRequest
@@ -30,10 +35,31 @@ from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule
 from .config import IngressConfig
 from .errors import GeoHTTPError
 
-__all__ = ["AdmissionQueue"]
+__all__ = ["AdmissionQueue", "HandOver", "Waiter"]
 
 #: re-decide period of a waiting request that is not the head (it cannot take a local replica)
 BEHIND_HEAD_POLL_S = 0.25
+
+
+@dataclass(eq=False)
+class Waiter:
+    """One request waiting in the admission queue (its key there, hashed by identity): its route request,
+    its wake-up event, and -- once a steal victim handed it over -- the decision it leaves with."""
+
+    rreq: RouteRequest
+    ev: asyncio.Event = field(default_factory=asyncio.Event)
+    handed: Optional["HandOver"] = None
+
+
+@dataclass
+class HandOver(RegionDecision):
+    """A held request handed to a stealing peer (``target``) under its offer ``offer_id``: a forward to
+    that peer's ``stolen`` handle method, which may refuse it (then it comes back at ``place``). ``key``:
+    its :class:`Waiter` (what the victim's ``Victim.sent`` / ``settle`` know it by)."""
+
+    offer_id: int = 0
+    place: int = 0
+    key: Any = field(default=None, repr=False, compare=False)
 
 
 class AdmissionQueue:
@@ -51,8 +77,8 @@ class AdmissionQueue:
         self._clock = clock
         #: go / wait / refuse (Serve always forwards past the queue: forward_past_queue is a code path here)
         self.rule = QueueRule(max_queue=cfg.max_queue, max_wait_s=cfg.max_wait_s)
-        #: one entry per waiting request: its wake-up event -> its prompt tokens
-        self.queue: HoldQueue[asyncio.Event, int] = HoldQueue(tokens_of=int)
+        #: one entry per waiting request (its :class:`Waiter`, key and item), with its prompt tokens
+        self.queue: HoldQueue[Waiter, Waiter] = HoldQueue(tokens_of=lambda w: int(w.rreq.prompt_tokens))
         self.counts = {"held": 0, "queue_full": 0, "wait_timeout": 0}
 
     # ------------------------------------------------------------ reads
@@ -68,51 +94,83 @@ class AdmissionQueue:
         """(requests, prompt tokens) waiting before ``waiting`` (None: before a newcomer, i.e. all)."""
         return self.queue.ahead(waiting)
 
+    def held(self) -> Iterator[Tuple[Waiter, RouteRequest]]:
+        """(waiter, its RouteRequest) of every waiting request, head first (what a steal victim picks from)."""
+        return ((w, w.rreq) for w in self.queue)
+
+    # ------------------------------------------------------------ work stealing (steal.py)
+    def hand_over(self, waiter: Waiter, thief: str, offer_id: int) -> int:
+        """Take ``waiter`` out of the queue (before it is sent) and wake it with a :class:`HandOver` to
+        ``thief``; returns its place (what ``admit(..., place=)`` puts it back at). KeyError if it is
+        not waiting here."""
+        place = self.queue.place(waiter)
+        if place is None:
+            raise KeyError("not waiting in this queue")
+        was_head = self.queue.is_head(waiter)
+        self.queue.remove(waiter)
+        waiter.handed = HandOver("forward", thief, reason="stolen", offer_id=offer_id, place=place,
+                                 key=waiter)
+        waiter.ev.set()
+        if was_head:
+            self.kick()
+        return place
+
     # ------------------------------------------------------------ wake-ups
     def kick(self) -> None:
         """Re-decide the head now (a local slot freed)."""
         head = self.queue.head()
         if head is not None:
-            head[0].set()
+            head[0].ev.set()
 
     def kick_all(self) -> None:
         """Re-decide every waiting request now (the peer table changed)."""
-        for ev in self.queue:
-            ev.set()
+        for w in self.queue:
+            w.ev.set()
 
     # ------------------------------------------------------------ admission
-    async def admit(self, rreq: RouteRequest, max_wait_s: Optional[float] = None) -> RegionDecision:
-        """A non-hold decision for ``rreq``, after waiting FCFS in this queue if needed. Raises
+    async def admit(self, rreq: RouteRequest, max_wait_s: Optional[float] = None,
+                    place: Optional[int] = None) -> RegionDecision:
+        """A non-hold decision for ``rreq``, after waiting FCFS in this queue if needed -- or a
+        :class:`HandOver` if a steal victim handed it to a peer while it waited. ``place``: a request a
+        thief refused, put back at its old place (from :meth:`hand_over`) and decided from there. Raises
         :class:`GeoHTTPError` 429 (queue full) or 503 (no capacity within the wait limit)."""
         cfg = self.cfg
         max_wait = self.rule.wait_limit(max_wait_s)
         t0 = self._clock()
-        d = self._decide(rreq, None)
-        v = self.rule.admit(d, len(self.queue))
-        if v.action == GO:
-            return d  # behind waiting requests only a forward (or a reject) goes straight on
-        reason = v.reason
-        if v.action == REFUSE:
-            self.counts["queue_full"] += 1
-            raise GeoHTTPError(429, f"region {self.region}: {len(self.queue)} requests already waiting "
-                                    f"(max_queue={cfg.max_queue}); retry later",
-                               type_="queue_full", retry_after_s=cfg.retry_after_s, region=self.region)
-        self.counts["held"] += 1
-        ev = asyncio.Event()
-        self.queue.append(ev, rreq.prompt_tokens)
+        reason = "returned"
+        if place is None:
+            d = self._decide(rreq, None)
+            v = self.rule.admit(d, len(self.queue))
+            if v.action == GO:
+                return d  # behind waiting requests only a forward (or a reject) goes straight on
+            reason = v.reason
+            if v.action == REFUSE:
+                self.counts["queue_full"] += 1
+                raise GeoHTTPError(429, f"region {self.region}: {len(self.queue)} requests already waiting "
+                                        f"(max_queue={cfg.max_queue}); retry later",
+                                   type_="queue_full", retry_after_s=cfg.retry_after_s, region=self.region)
+            self.counts["held"] += 1
+        w = Waiter(rreq)
+        if place is None:
+            self.queue.append(w, w)
+        else:  # back where it stood: never refused for a full queue (it was in it)
+            self.queue.restore(w, w, place)
         try:
-            return await self._wait(ev, rreq, t0 + max_wait, max_wait, reason)
-        finally:  # done, timed out or cancelled: leave the queue, and wake the next head
-            was_head = self.queue.is_head(ev)
-            self.queue.remove(ev)
+            return await self._wait(w, t0 + max_wait, max_wait, reason)
+        finally:  # done, timed out, handed over or cancelled: leave the queue, and wake the next head
+            was_head = self.queue.is_head(w)
+            self.queue.remove(w)
             if was_head:
                 self.kick()
 
-    async def _wait(self, ev: asyncio.Event, rreq: RouteRequest, deadline: float, max_wait: float,
-                    reason: str) -> RegionDecision:
-        """Wait in the queue until a decision other than *hold* is allowed (local only at the head)."""
+    async def _wait(self, w: Waiter, deadline: float, max_wait: float, reason: str) -> RegionDecision:
+        """Wait in the queue until a decision other than *hold* is allowed (local only at the head), or a
+        steal victim hands the request over."""
         cfg = self.cfg
+        ev, rreq = w.ev, w.rreq
         while True:
+            if w.handed is not None:
+                return w.handed
             remaining = deadline - self._clock()
             if self.rule.timed_out(remaining).action == REFUSE:
                 self.counts["wait_timeout"] += 1
@@ -121,10 +179,12 @@ class AdmissionQueue:
                                    type_="wait_timeout", retry_after_s=cfg.retry_after_s, region=self.region)
             ev.clear()
             # the head re-decides every poll_s; the others when the peer table changes (kick_all)
-            timeout = cfg.poll_s if self.queue.is_head(ev) else max(cfg.poll_s, BEHIND_HEAD_POLL_S)
+            timeout = cfg.poll_s if self.queue.is_head(w) else max(cfg.poll_s, BEHIND_HEAD_POLL_S)
             await wait_or_timeout(ev, min(remaining, timeout))
-            d = self._decide(rreq, ev)
-            v = self.rule.again(d, self.queue.is_head(ev))
+            if w.handed is not None:
+                return w.handed
+            d = self._decide(rreq, w)
+            v = self.rule.again(d, self.queue.is_head(w))
             if v.action == GO:
                 return d
             if v.reason is not None:  # a hold's reason; a local decision not at the head keeps the last

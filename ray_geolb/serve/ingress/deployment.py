@@ -3,7 +3,8 @@
 HTTP endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (OpenAI, SSE when ``stream: true``),
 ``/v1/models``, ``/healthz`` (status and region for everyone; the registry link and the peers for
 the operator) and ``/v1/geolb/state`` (operator only). Peer-facing handle methods: ``forwarded``,
-``forwarded_stream``, ``ping``, ``state``, ``accounting``, and for chaos drills ``inject_faults`` and
+``forwarded_stream``, ``ping``, ``state``, ``accounting``, work stealing's ``steal_offer``, ``stolen`` and
+``stolen_stream`` (``steal.py``), and for chaos drills ``inject_faults`` and
 ``served_request_ids``.
 
 Ray Serve 2.60: the ``@serve.ingress`` class must stay defined at module level of an importable
@@ -135,6 +136,32 @@ class RegionIngress:
                 yield t
         finally:
             await toks.aclose()
+
+    def steal_offer(self, offer: dict) -> dict:
+        """A peer's steal offer (``StealOffer.to_wire``): the held requests handed over, or a typed error."""
+        return self.path.steal_offer(offer)
+
+    async def stolen(self, body: dict, fmeta: dict, victim: str, offer_id: int):
+        """A held request ``victim`` handed over under our offer ``offer_id`` (409 ``steal_refused``: closed)."""
+        return await self.path.stolen(body, fmeta, victim, offer_id, stream=False)
+
+    async def stolen_stream(self, body: dict, fmeta: dict, victim: str, offer_id: int):
+        """Streaming variant: yields the metadata dict first, then the tokens."""
+        meta, toks = await self.path.stolen(body, fmeta, victim, offer_id, stream=True)
+        try:
+            yield meta
+            async for t in toks:
+                yield t
+        finally:
+            await toks.aclose()
+
+    def __del__(self):
+        path = getattr(self, "path", None)
+        if path is not None:
+            try:
+                path.stop_stealing()
+            except RuntimeError:  # the event loop is already closed: nothing left to cancel
+                pass
 
     async def ping(self) -> str:
         return self.region

@@ -7,6 +7,10 @@ peer ingress's ``forwarded`` / ``forwarded_stream`` handle method with the conte
 peer cannot be reached (the request path then marks it unreachable and decides again), or the
 peer's typed :class:`~.errors.GeoHTTPError` (reached and answered: never retried elsewhere).
 
+A held request a stealing peer was handed (a :class:`~.admission.HandOver` decision, ``steal.py``) goes
+the same way to the thief's ``stolen`` / ``stolen_stream`` (with this region and the offer id), without
+the forward's bookkeeping (the regional snapshot, ``note_forward``): it was pulled, not pushed.
+
 A mixin of :class:`~.request_path.RequestPath`; it reads ``cfg``, ``region``, ``router``, ``peers``,
 ``counts`` and calls ``_deadline_exceeded``.
 """
@@ -19,6 +23,7 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import RegionDecision
 from ray_geolb.serve.clock import policy_now
 
+from .admission import HandOver
 from .context import RequestContext, wait_bound
 from .errors import ForwardFailed, GeoHTTPError, as_http_error
 from .streams import NO_TOKEN, TokenStream, aclose_quietly, cancel_quietly
@@ -40,12 +45,15 @@ class Forwarding:
         """Send the request to peer ``d.target``'s ingress (one hop). Raises :class:`ForwardFailed` if the
         peer cannot be reached, or the peer's :class:`GeoHTTPError`."""
         peer = d.target
-        self.router.on_forward(rreq, peer, policy_now())
-        self.peers.snapshot_changed()
-        # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
-        # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
-        self.router.note_forward(peer)
-        self.counts["forwarded_out"] += 1
+        stolen = isinstance(d, HandOver)
+        if not stolen:
+            self.router.on_forward(rreq, peer, policy_now())
+            self.peers.snapshot_changed()
+            # optimistic: count the forward in the peer's LB queue until its next heartbeat, so a burst
+            # stops going to a peer after ~tau forwards per heartbeat period instead of herding there
+            self.router.note_forward(peer)
+            self.counts["forwarded_out"] += 1
+        method, extra = ("stolen", (self.region, d.offer_id)) if stolen else ("forwarded", ())
         try:
             h = self.peers.handle(peer)
         except Exception as e:  # noqa: BLE001
@@ -57,8 +65,8 @@ class Forwarding:
             raise ForwardFailed(str(e)) from None
         fmeta = ctx.wire(wait_ms, d)  # after the hop: the deadline it carries is the time left on arrival
         if ctx.stream:
-            return await self._forward_stream(h, peer, ctx, fmeta, d)
-        resp = h.forwarded.remote(dict(ctx.body), fmeta)
+            return await self._forward_stream(h, peer, ctx, fmeta, d, method, extra)
+        resp = getattr(h, method).remote(dict(ctx.body), fmeta, *extra)
         try:
             meta, res = await asyncio.wait_for(resp, wait_bound(min(self.cfg.forward_timeout_s, ctx.remaining_s())))
         except asyncio.TimeoutError:
@@ -74,8 +82,9 @@ class Forwarding:
         await latency.hop(peer, self.region)
         return _forward_meta(meta, d), res
 
-    async def _forward_stream(self, h, peer: str, ctx: RequestContext, fmeta: dict, d: RegionDecision):
-        gen = h.options(stream=True).forwarded_stream.remote(dict(ctx.body), fmeta)
+    async def _forward_stream(self, h, peer: str, ctx: RequestContext, fmeta: dict, d: RegionDecision,
+                              method: str = "forwarded", extra: tuple = ()):
+        gen = getattr(h.options(stream=True), method + "_stream").remote(dict(ctx.body), fmeta, *extra)
         relay = self.peers.latency.relay(gen, peer, self.region)
         left = ctx.remaining_s()
         try:

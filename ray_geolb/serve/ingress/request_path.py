@@ -16,6 +16,10 @@ For each request (a :class:`~.context.RequestContext`):
    full it waits in the peer's queue. An unreachable peer is marked so
    (``RegionRouter.mark_unreachable``) and the request decided again.
 
+4. **Steal** (``steal.py``: :class:`~.steal.Stealing`, when ``two_layer.steal.enabled``): an idle region
+   offers its free replicas to peers holding requests; a busy one hands held requests over, and a
+   request its thief refuses comes back to its old place in the queue.
+
 Counters, metrics, the typed errors they count and the state payload are in ``telemetry.py``
 (:class:`~.telemetry.IngressTelemetry`).
 
@@ -40,7 +44,7 @@ from ray_geolb.policy.canonical import canonical_text
 from ray_geolb.policy.region import CostSelector, RegionDecision, RegionRouter
 from ray_geolb.serve.clock import policy_now
 
-from .admission import AdmissionQueue
+from .admission import AdmissionQueue, HandOver
 from .config import IngressConfig
 from .context import RequestContext
 from .errors import ForwardFailed, GeoHTTPError
@@ -51,6 +55,7 @@ from .model_client import ModelClient
 from .openai import PromptBody
 from .peers import PeerMesh
 from .retry_budget import RetryBudget
+from .steal import Stealing
 from .streams import TokenStream
 from .telemetry import COUNTERS, IngressTelemetry
 
@@ -75,7 +80,7 @@ def _replica_source(region: str) -> str:
         return f"{region}/{uuid.uuid4().hex[:8]}"
 
 
-class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
+class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
     """One region's ingress without HTTP (see the module docstring). Owns the RegionRouter, the
     decision counters and the three parts it drives: the local view, the admission queue and the
     peer mesh. ``model`` is the model deployment's handle; ``geo_router`` (default: that deployment's
@@ -93,8 +98,9 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
         self.router = RegionRouter(cfg.two_layer_config(), self.local, clock=_now)
         self.admission = AdmissionQueue(cfg, self.decide, clock=_now)
         self.peers = PeerMesh(cfg, source or _replica_source(self.region), self.router, self.local_report,
-                              self.admission.kick_all, clock=_now)
+                              self.peers_changed, clock=_now)
         self._init_telemetry()
+        self._init_stealing()
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
         self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
         #: retries of forwards that could not reach their peer (retry_budget.py)
@@ -170,9 +176,17 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
 
     def local_done(self) -> None:
         """A local request left its replica (done, failed or cancelled): a slot freed. Feeds the
-        region layer's drain-rate estimate (``RegionRouter.on_local_complete``, as the simulator does)."""
+        region layer's drain-rate estimate (``RegionRouter.on_local_complete``, as the simulator does),
+        and offers the slot to peers holding requests when nothing waits here (``steal.py``)."""
         self.router.on_local_complete(_now())
         self.admission.kick()
+        self.offer_steals()
+
+    def peers_changed(self) -> None:
+        """A new peer table (or a peer reachable again): every waiting request is decided again, and
+        this region offers its free replicas to peers holding requests (``steal.py``)."""
+        self.admission.kick_all()
+        self.offer_steals()
 
     def local_drain_rate(self, now: Optional[float] = None) -> Optional[float]:
         """Local requests finishing per second, as the 'cost' selector measures them
@@ -202,7 +216,9 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
         rreq = ctx.route_request()
         excluded: set = set()
         last_429: Optional[GeoHTTPError] = None
-        for _ in range(FORWARD_ATTEMPTS):
+        attempts = 0
+        place: Optional[int] = None  # set when a thief sent it back: it re-enters the queue there
+        while attempts < FORWARD_ATTEMPTS:
             left = ctx.remaining_s()
             if left <= 0:  # a forward attempt used it up: nothing started, so 503 like a wait timeout
                 self.admission.counts["wait_timeout"] += 1
@@ -210,8 +226,16 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding):
                                         f"served (request_timeout_s / x-geolb-timeout-s)",
                                    type_="wait_timeout", retry_after_s=self.cfg.retry_after_s, region=self.region)
             t0 = _now()
-            d = await self.admission.admit(rreq, left if ctx.max_wait_s is None else min(ctx.max_wait_s, left))
+            d = await self.admission.admit(rreq, left if ctx.max_wait_s is None else min(ctx.max_wait_s, left),
+                                           place=place)
+            place = None
             wait_ms = ctx.waited_ms + (_now() - t0) * 1000.0
+            if isinstance(d, HandOver):  # a stealing peer pulled it from the queue (steal.py)
+                out, place = await self._hand_over(ctx, rreq, d, wait_ms)
+                if place is None:
+                    return out
+                continue  # refused or unreachable: back at its place (not a forward attempt)
+            attempts += 1
             if d.kind == "reject":
                 self.counts["rejected"] += 1
                 self.note_outcome("rejected", d.reason)

@@ -4,8 +4,8 @@ typed errors it counts (500, deadline 504), and the ``/v1/geolb/state`` payload 
 No routing decision depends on anything here.
 
 A mixin of :class:`~.request_path.RequestPath`; it reads ``cfg``, ``region``, ``router``, ``local``,
-``admission``, ``peers``, ``decisions`` and ``lb_queue_len`` / ``lb_queued_tokens`` /
-``heartbeat_extra``.
+``admission``, ``peers``, ``decisions``, ``steal_state`` / ``_offer_tasks`` (``steal.py``) and
+``lb_queue_len`` / ``lb_queued_tokens`` / ``heartbeat_extra``.
 """
 
 from __future__ import annotations
@@ -134,6 +134,9 @@ class IngressTelemetry:
         """What requests hold at this LB right now, ingress and router (leak checks; a handle call,
         not HTTP). Idle: every count 0 (see :meth:`GeoPrefixRouter.accounting`)."""
         out = {"ingress_queue": len(self.admission), "ingress_queue_tokens": self.admission.tokens}
+        if self.router.victim is not None:  # work stealing: held requests handed to a thief, not yet settled
+            out["steal_in_flight"] = self.router.victim.outstanding()
+            out["steal_offer_tasks"] = len(self._offer_tasks)
         out.update(self.local.accounting())
         return out
 
@@ -174,6 +177,7 @@ class IngressTelemetry:
             "counters": self.counters,
             "router": self.local.router_report(),  # the model deployment's router here: policy, counters
             "decisions": dict(self.decisions),
+            "steal": self.steal_state(),  # work stealing (steal.py); None: off
             "config": self.cfg.model_dump(exclude={"admin_token"}),
         }
 
