@@ -158,7 +158,8 @@ class Stealing:
                               "message": f"offer.thief must be a peer of region {self.region}"}}
         self._steal_note("offers_received", offer.thief)
         victim, router = self.router.victim, self.router
-        if victim is None or not len(self.admission):
+        if victim is None or not len(self.admission) or self.peers.circuit_open(offer.thief):
+            # (a thief this region cannot reach gets nothing: each hand-over would only come back)
             return {"handed": 0, "queue_left": len(self.admission)}
         now = policy_now()
         local = self.local
@@ -169,7 +170,7 @@ class Stealing:
 
         try:
             keys = victim.pick(offer, self.admission.held(), router.steal_rtt(offer.thief), stay_cost_s,
-                               router.config.max_hops, router.chars_per_token())
+                               router.config.max_hops, router.chars_per_token(), router.min_match_chars())
         except Exception as e:  # noqa: BLE001 - a pricing bug hands nothing over; counted by the thief
             logger.warning("region %s: steal pick failed: %r", self.region, e)
             keys = []
