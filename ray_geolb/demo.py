@@ -172,6 +172,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", default=None,
                     help="GeoPrefixRouter policy for the 'geo' router (default: the router's default, geoprefix; "
                          "e.g. skylb for SkyLB with its prefix-snapshot region layer)")
+    ap.add_argument("--steal", action="store_true",
+                    help="cross-region work stealing between the 'geo' router's regions (two_layer.steal; off by "
+                         "default): an idle region pulls requests held in a busy one; the table's 'steals' column "
+                         "counts them")
     ap.add_argument("--out", default="out/demo", help="output directory for demo.png / demo.json / ray.log")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -324,7 +328,10 @@ def engine_stats(app_names: List[str]) -> Dict[str, dict]:
     return out
 
 
-def summarize(router: str, label: str, records: List[dict], t0: float, duration: float, stats: Dict[str, dict]) -> dict:
+def summarize(router: str, label: str, records: List[dict], t0: float, duration: float, stats: Dict[str, dict],
+              steals: Optional[int] = None) -> dict:
+    """One row of the demo's table. ``steals``: requests the region ingresses took from a peer by work
+    stealing (:func:`steals_taken`; None: stealing was off)."""
     in_window = [r for r in records if r["t1"] <= t0 + duration]
     ok = [r for r in in_window if r["status"] == 200 and r["ttft"] is not None]
     ttft = [r["ttft"] for r in ok]
@@ -348,7 +355,28 @@ def summarize(router: str, label: str, records: List[dict], t0: float, duration:
         "served_by_region": {reg: sum(1 for r in ok if r["served"] == reg)
                              for reg in sorted({r["served"] for r in ok})},
         "replicas_reporting": len(stats),
+        "steals": steals,
     }
+
+
+async def steals_taken(base: str, regions: List[str], admin_token: str) -> Optional[int]:
+    """Requests the region ingresses took from a peer by work stealing (each ingress's ``/v1/geolb/state``
+    ``steal.counters.taken``, summed), or None when no ingress steals (stealing off, or no state)."""
+    import httpx
+
+    from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER
+
+    total = None
+    async with httpx.AsyncClient(timeout=30, headers={ADMIN_TOKEN_HEADER: admin_token}) as c:
+        for r in regions:
+            try:
+                resp = await c.get(f"{base}/{r}/v1/geolb/state")
+                steal = resp.json().get("steal") if resp.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                steal = None
+            if steal:
+                total = (total or 0) + int(steal["counters"]["taken"])
+    return total
 
 
 def format_table(rows: List[dict]) -> str:
@@ -357,14 +385,14 @@ def format_table(rows: List[dict]) -> str:
 
     w = max([26] + [len(r["label"]) for r in rows])
     head = (f"{'router':<{w}} {'ok/req':>9} {'req/s':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
-            f"{'prefix hit':>10} {'cross-reg':>9}")
+            f"{'prefix hit':>10} {'cross-reg':>9} {'steals':>6}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(
             f"{r['label']:<{w}} {str(r['ok']) + '/' + str(r['requests']):>9} {f(r['throughput_rps'], '.2f'):>6} "
             f"{f(r['ttft_p50_ms'], '.0f') + ' ms':>9} {f(r['ttft_p99_ms'], '.0f') + ' ms':>9} "
             f"{f(None if r['prefix_hit_rate'] is None else 100 * r['prefix_hit_rate'], '.1f') + ' %':>10} "
-            f"{f(100 * r['cross_region_share'], '.1f') + ' %':>9}")
+            f"{f(100 * r['cross_region_share'], '.1f') + ' %':>9} {f(r.get('steals'), 'd'):>6}")
     return "\n".join(lines)
 
 
@@ -412,6 +440,9 @@ def run_router(router: str, args, base: str, workloads) -> dict:
     label = ROUTER_LABELS[router]
     if router == "geo" and args.policy:
         label = f"GeoPrefixRouter ({args.policy})"
+    steal = router == "geo" and args.steal
+    if steal:
+        label += " + stealing"
     if router == "ray_prefix" and ray_prefix_router_class() is None:
         label = "ray_prefix (our re-impl.)"
     _say(f"{label}: deploying " + ("one central app over every region's replicas" if router == "central"
@@ -420,7 +451,8 @@ def run_router(router: str, args, base: str, workloads) -> dict:
     engine = dict(engine_profile=args.profile, time_scale=args.time_scale, output_tokens=args.max_tokens,
                   engine_overrides={"max_num_seqs": args.max_num_seqs}, latency={"scale": args.latency_scale},
                   stats_period_s=args.stats_period,
-                  ingress={"max_queue": 512, "max_wait_s": 60.0, "admin_token": args.admin_token})
+                  ingress={"max_queue": 512, "max_wait_s": 60.0, "admin_token": args.admin_token,
+                           **({"two_layer": {"steal": {"enabled": True}}} if steal else {})})
     central = None
     if router == "central":
         home = CENTRAL_HOME if CENTRAL_HOME in args.replicas else next(iter(args.replicas))
@@ -441,7 +473,8 @@ def run_router(router: str, args, base: str, workloads) -> dict:
         lr = LoadRun(base, workloads, args.duration, args.max_tokens, label, central=central)
         asyncio.run(lr.run())
         stats = engine_stats([a.name for a in apps])
-        return summarize(router, label, lr.records, lr.t0, args.duration, stats)
+        steals = asyncio.run(steals_taken(base, [a.route_prefix.strip("/") for a in apps], args.admin_token))
+        return summarize(router, label, lr.records, lr.t0, args.duration, stats, steals)
     finally:
         delete_region_apps(apps)
         # wait until the apps are gone so the next router starts clean
