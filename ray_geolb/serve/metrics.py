@@ -62,7 +62,8 @@ METRICS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
     "geolb_steals_total": ("counter", ("event", "peer"),
                            "work stealing with a peer region: offers_sent / offers_failed / offers_received / "
                            "bad_offers, requests handed (to a thief), taken / refused (from a victim), "
-                           "settled_taken / returned (a handed request its thief took or sent back)"),
+                           "settled_taken / returned (a handed request its thief took or sent back), abandoned "
+                           "(its client left before it was sent)"),
     "geolb_steal_offer_bytes_total": ("counter", ("peer",), "bytes of the steal offers sent to a peer region "
                                                             "(JSON wire form)"),
     "geolb_peer_rtt_seconds": ("gauge", ("peer",), "measured round-trip time to a peer region's ingress"),

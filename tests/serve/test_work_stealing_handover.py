@@ -206,6 +206,8 @@ def test_an_unreachable_thief_is_a_refusal_and_a_thief_that_took_it_settles_it_f
         await _until(lambda: us.steal_counts["returned"] == 1 and len(us.admission) == 2)
         assert us.peers.circuit_open("eu") and served == []
         us.peers.latency.set_faults(None)
+        assert us.steal_offer({**wire, "offer_id": 2})["handed"] == 0  # nothing for a thief us cannot reach
+        us.peers.reachable("eu")  # a probe reached it: its circuit closes
 
         async def failing(body, fmeta, *, stream):  # the thief took it and failed: typed, never retried
             raise GeoHTTPError(500, "boom", type_="server_error", region="eu")
@@ -254,5 +256,21 @@ def test_stealing_is_off_by_default_and_a_busy_region_makes_no_offer():
         eu.peers_changed()  # eu has no available replica: nothing to offer
         await asyncio.sleep(0.01)
         assert eu.steal_counts["offers_sent"] == 0 and log == []
+
+    asyncio.run(run())
+
+
+def test_a_request_whose_client_leaves_as_it_is_handed_over_is_settled_not_leaked():
+    async def run():
+        us, eu, log, served = _pair()
+        waiting = [asyncio.ensure_future(us.process(_ctx(us.cfg, i))) for i in range(2)]
+        await _until(lambda: len(us.admission) == 2)
+        eu.router.thief.out["us"] = [5, policy_now() + 5.0, 1]
+        assert us.steal_offer({"offer_id": 5, "thief": "eu", "slots": 1, "wait_s": 0.0, "t_p_s": 0.0})["handed"] == 1
+        for t in waiting:  # the clients leave before the woken request could run: nothing was sent
+            t.cancel()
+        await asyncio.gather(*waiting, return_exceptions=True)
+        assert us.router.victim.outstanding() == 0 and us.steal_counts["abandoned"] == 1 and len(us.admission) == 0
+        assert served == [] and ("eu", "stolen") not in log
 
     asyncio.run(run())

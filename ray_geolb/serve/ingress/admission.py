@@ -80,6 +80,9 @@ class AdmissionQueue:
         #: one entry per waiting request (its :class:`Waiter`, key and item), with its prompt tokens
         self.queue: HoldQueue[Waiter, Waiter] = HoldQueue(tokens_of=lambda w: int(w.rreq.prompt_tokens))
         self.counts = {"held": 0, "queue_full": 0, "wait_timeout": 0}
+        #: called with the :class:`HandOver` of a request handed to a thief that left before it could be
+        #: sent (its client went away just then), so the hand-over is settled (``steal.py``)
+        self.on_abandoned: Optional[Callable[["HandOver"], None]] = None
 
     # ------------------------------------------------------------ reads
     def __len__(self) -> int:
@@ -155,13 +158,18 @@ class AdmissionQueue:
             self.queue.append(w, w)
         else:  # back where it stood: never refused for a full queue (it was in it)
             self.queue.restore(w, w, place)
+        decided = False
         try:
-            return await self._wait(w, t0 + max_wait, max_wait, reason)
+            d = await self._wait(w, t0 + max_wait, max_wait, reason)
+            decided = True
+            return d
         finally:  # done, timed out, handed over or cancelled: leave the queue, and wake the next head
             was_head = self.queue.is_head(w)
             self.queue.remove(w)
             if was_head:
                 self.kick()
+            if not decided and w.handed is not None and self.on_abandoned is not None:
+                self.on_abandoned(w.handed)  # handed over, then cancelled before it could be sent
 
     async def _wait(self, w: Waiter, deadline: float, max_wait: float, reason: str) -> RegionDecision:
         """Wait in the queue until a decision other than *hold* is allowed (local only at the head), or a

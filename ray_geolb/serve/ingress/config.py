@@ -45,7 +45,9 @@ class IngressConfig(BaseModel):
     #: the default policy's region layer, ``REGION_LAYER.two_layer()`` (GeoPrefix: the 'cost' selector).
     #: A plain dict on the wire (a Serve config's YAML, the deployment's arguments), checked as a
     #: ``TwoLayerConfig`` when this config is built (:meth:`two_layer_config`): a bad field is named then,
-    #: on the driver, not later in the ingress replica
+    #: on the driver, not later in the ingress replica. ``{"steal": {"enabled": true}}`` turns on
+    #: cross-region work stealing (``TwoLayerConfig.steal``; ``steal.py``); ``build_region_apps`` merges
+    #: these fields into the policy's region layer, so the rest stays the default
     two_layer: dict = Field(default_factory=REGION_LAYER.two_layer)
     #: "router": read the GeoPrefixRouter's availability; "always": every request is local-available
     #: (baselines with Ray's own routers, which have no availability notion)

@@ -52,9 +52,10 @@ OFFER_TIMEOUT_S = 2.0
 MAX_OFFER_TASKS = 64
 #: what the steal counters count, per peer too (``geolb_steals_total{event, peer}``): offers this region
 #: sent (as a thief), failed (no answer) and received (as a victim); requests it handed over, requests
-#: it took and refused (as a thief), and requests its thieves took or sent back (as a victim)
+#: it took and refused (as a thief), requests its thieves took or sent back (as a victim), and requests
+#: handed over whose client left before they could be sent (settled, never sent)
 STEAL_EVENTS = ("offers_sent", "offers_failed", "offers_received", "bad_offers", "handed", "taken", "refused",
-                "settled_taken", "returned")
+                "settled_taken", "returned", "abandoned")
 
 
 class Stealing:
@@ -65,6 +66,7 @@ class Stealing:
         self.steal_by_peer: Dict[str, Dict[str, int]] = {}
         self.steal_offer_bytes_max = 0
         self._offer_tasks: Set[asyncio.Task] = set()
+        self.admission.on_abandoned = self._abandoned
         if self.router.thief is not None:
             for peer in self.cfg.peers:
                 for event in STEAL_EVENTS:
@@ -211,6 +213,13 @@ class Stealing:
             if not settled:  # served or failing there, or the client left: never put back
                 victim.settle(thief, d.key, True)
                 self._steal_note("settled_taken", thief)
+
+    def _abandoned(self, d: HandOver) -> None:
+        """A handed-over request's client left before it was sent: settle it (nothing goes back)."""
+        victim = self.router.victim
+        if victim is not None:
+            victim.settle(d.target, d.key, True)
+            self._steal_note("abandoned", d.target)
 
     # ------------------------------------------------------------ thief: a stolen request arrives
     async def stolen(self, body: dict, fmeta: dict, victim: str, offer_id: Any, *, stream: bool):
