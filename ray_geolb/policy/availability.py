@@ -256,6 +256,7 @@ class LoadTracker:
         seen_margin_s: float = 0.0,
         stale_report_s: Optional[float] = 5.0,
         prefill_budget_steps: Optional[float] = None,
+        pending_allowance: int = 0,
     ):
         if mode not in AVAILABILITY_MODES:
             raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
@@ -284,6 +285,11 @@ class LoadTracker:
         self.prefill_budget_steps = prefill_budget_steps
         #: grants the cap refused (a target that SP-P's slots alone would have left available)
         self.prefill_capped = 0
+        if isinstance(pending_allowance, bool) or not isinstance(pending_allowance, int) or pending_allowance < 0:
+            raise ValueError(f"pending_allowance must be an integer >= 0, got {pending_allowance!r}")
+        #: SP-P's pending test: a report with at most this many requests waiting still grants slots (less
+        #: the ones waiting); 0 = SkyLB's rule (anything waiting: no slot until the next report)
+        self.pending_allowance = pending_allowance
         #: (rank, n): this router's share of each report's headroom (:meth:`set_share`)
         self.share = (0, 1)
         self.mode = mode
@@ -407,13 +413,16 @@ class LoadTracker:
         kv = None
         if s.kv_cache_usage is not None and s.num_gpu_blocks and s.block_tokens:
             kv = max(0.0, (1.0 - s.kv_cache_usage) * s.num_gpu_blocks * s.block_tokens)
-        if s.num_waiting > 0:
+        w = s.num_waiting
+        if w > self.pending_allowance:
             return 0, kv
         if s.max_num_seqs is not None:
-            return min(self.max_burst, max(0, s.max_num_seqs - s.num_running)), kv
-        if kv is not None:
-            return self.max_burst, kv
-        return min(self.unknown_headroom, self.max_burst), kv
+            slots = min(self.max_burst, max(0, s.max_num_seqs - s.num_running))
+        elif kv is not None:
+            slots = self.max_burst
+        else:
+            slots = min(self.unknown_headroom, self.max_burst)
+        return max(0, slots - w), kv
 
     def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0,
                     uncached: Optional[float] = None) -> None:

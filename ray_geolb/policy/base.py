@@ -166,6 +166,7 @@ class Policy:
             seen_margin_s=av.seen_margin_s,
             stale_report_s=av.stale_report_s,
             prefill_budget_steps=av.prefill_budget_steps,
+            pending_allowance=av.pending_allowance,
         )
         self.rng = random.Random(self.config.seed)
         self.cache_probe = cache_probe

@@ -37,6 +37,10 @@ class AvailabilityConfig(_Strict):
                                                                       "this long while this router had nothing in "
                                                                       "flight at that replica (a frozen report of an "
                                                                       "idle engine); None: always trusted")
+    pending_allowance: int = Field(
+        0, ge=0, le=1024,
+        description="SP-P: a report with at most this many requests waiting still grants slots (less the waiting "
+                    "ones); 0 = SkyLB's rule, anything waiting holds new requests at the router until the next report")
     prefill_budget_steps: Optional[float] = Field(
         None, gt=0.0, allow_inf_nan=False,
         description="SP-P's unreported-work cap: a replica takes no new request once the uncached prompt tokens sent "

@@ -317,3 +317,21 @@ def test_a_cost_policy_counts_the_uncached_tokens_it_priced():
     assert p.uncached_at(second, d.target) < 100  # the shared context is cached there
     p.on_dispatch(second, d.target, 0.3)
     assert p.tracker.is_available("a")
+
+
+def test_a_pending_allowance_keeps_granting_while_a_few_requests_wait():
+    """SkyLB's SP-P (allowance 0) holds every new request while a report shows anything waiting; with an
+    allowance of k a report with <= k waiting still grants its slots less the waiting ones."""
+    strict, allow = LoadTracker(mode="sp-p", max_burst=8), LoadTracker(mode="sp-p", max_burst=8, pending_allowance=3)
+    for t in (strict, allow):
+        t.set_targets(["a"])
+        t.on_stats("a", ReplicaStats(num_waiting=2, num_running=10, max_num_seqs=64, timestamp=1.0))
+    assert not strict.is_available("a")
+    assert allow.is_available("a") and allow.free_slots() == 8 - 2
+    allow.on_stats("a", ReplicaStats(num_waiting=4, num_running=10, max_num_seqs=64, timestamp=2.0))
+    assert not allow.is_available("a")  # more waiting than allowed: SkyLB's rule again
+    allow.on_stats("a", ReplicaStats(num_waiting=0, num_running=62, max_num_seqs=64, timestamp=3.0))
+    assert allow.free_slots() == 2  # the engine's own limit still binds
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="pending_allowance"):
+            LoadTracker(mode="sp-p", pending_allowance=bad)
