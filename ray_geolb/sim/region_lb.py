@@ -277,8 +277,12 @@ class RegionLB:
         router = self.router
         offers = thief.offers(router, sim.now, len(self.policy.tracker.available), len(self.queue),
                               *router.steal_price())
+        c = sim.c
         for peer, offer in offers:
-            sim.c["steal_offers"] = sim.c.get("steal_offers", 0) + 1
+            size = len(json.dumps(offer.to_wire(), separators=(",", ":")))  # its wire size, as Serve sends it
+            c["steal_offers"] = c.get("steal_offers", 0) + 1
+            c["steal_offer_bytes"] = c.get("steal_offer_bytes", 0) + size
+            c["steal_offer_bytes_max"] = max(c.get("steal_offer_bytes_max", 0), size)
             sim.push(sim.now + sim.one_way(self.region, sim.lbs[peer].region), STEAL_OFFER, sim.lbs[peer],
                      (self, offer))
 
