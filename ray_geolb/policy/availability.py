@@ -53,14 +53,12 @@ import math
 import zlib
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Dict, Hashable, Iterable, Optional, Set, Tuple
+from typing import Callable, Dict, Hashable, Iterable, Optional, Set, Tuple
 
 __all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLES", "parse_ttft_samples",
            "parse_engine_work", "EngineWorkError", "ENGINE_WORK_FIELDS", "ENGINE_WORK_OPTIONAL"]
 
 AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
-#: a step's prefill budget when a report does not say (vLLM's max_num_batched_tokens on an H100 profile)
-DEFAULT_STEP_TOKENS = 8192
 #: most TTFT samples one report may carry (a replica sends only those since its previous report)
 MAX_TTFT_SAMPLES = 1024
 
@@ -224,7 +222,8 @@ class ReplicaStats:
 
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
-                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill")
+                 "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill",
+                 "work_mark", "prefill_budget")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
@@ -236,6 +235,8 @@ class _Target:
         self.unseen = 0  # in flight, dispatched after stats.timestamp
         self.unseen_tokens = 0  # their prompt tokens
         self.unseen_prefill = 0  # their uncached prompt tokens (the prefill the last report cannot show)
+        self.work_mark: Optional[float] = None  # the previous report's time (the cap's report interval)
+        self.prefill_budget: Optional[float] = None  # the unreported-work cap in tokens (None: not known yet)
         self.completed_seen = 0  # completed since the report, and counted by it
         self.credits = 0  # request slots granted by the report
         self.kv_budget: Optional[float] = None  # free KV tokens at the report (None: not reported)
@@ -255,7 +256,7 @@ class LoadTracker:
         request_tokens: int = 1024,
         seen_margin_s: float = 0.0,
         stale_report_s: Optional[float] = 5.0,
-        prefill_budget_steps: Optional[float] = None,
+        prefill_budget_reports: Optional[float] = None,
         pending_allowance: int = 0,
     ):
         if mode not in AVAILABILITY_MODES:
@@ -276,13 +277,17 @@ class LoadTracker:
         self.stale_report_s = None if stale_report_s is None else float(stale_report_s)
         #: reports ignored by that rule so far
         self.distrusted_reports = 0
-        if prefill_budget_steps is not None and not (isinstance(prefill_budget_steps, (int, float))
-                                                     and 0 < prefill_budget_steps < math.inf):
-            raise ValueError(f"prefill_budget_steps must be a number > 0 or None, got {prefill_budget_steps!r}")
-        #: SP-P's unreported-work cap: a target takes no new request once the uncached prompt tokens sent
-        #: to it since its last report reach this many of its steps' prefill budget (the report's
-        #: ``max_num_batched_tokens``, else ``DEFAULT_STEP_TOKENS``); None: off
-        self.prefill_budget_steps = prefill_budget_steps
+        if prefill_budget_reports is not None and not (
+                isinstance(prefill_budget_reports, (int, float)) and not isinstance(prefill_budget_reports, bool)
+                and 0 < prefill_budget_reports < math.inf):
+            raise ValueError(f"prefill_budget_reports must be a number > 0 or None, got {prefill_budget_reports!r}")
+        #: SP-P's unreported-work cap: a target takes no new request once the uncached prompt tokens sent to
+        #: it since its last report reach this many report intervals of prefill at its rate
+        #: (:attr:`prefill_rate`); None: off. Until two reports and a rate are known a target is not capped.
+        self.prefill_budget_reports = prefill_budget_reports
+        #: target -> its prefill rate in tokens/s, or None (set by the policy that owns the tracker: a cost
+        #: policy's fitted t_p); without it the cap is off
+        self.prefill_rate: Optional[Callable[[Hashable], Optional[float]]] = None
         #: grants the cap refused (a target that SP-P's slots alone would have left available)
         self.prefill_capped = 0
         if isinstance(pending_allowance, bool) or not isinstance(pending_allowance, int) or pending_allowance < 0:
@@ -356,6 +361,8 @@ class LoadTracker:
                 tok += k
                 pre += u
         st.unseen, st.unseen_tokens, st.unseen_prefill = n, tok, pre
+        if self.prefill_budget_reports is not None:
+            self._measure_prefill_budget(target, st, stats)
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
         if self.share[1] > 1:
@@ -363,6 +370,14 @@ class LoadTracker:
         if stats.num_waiting > 0 and self.stale_report_s is not None:
             self._check_frozen(st, stats.timestamp)
         self._refresh(target, st)
+
+    def _measure_prefill_budget(self, target: Hashable, st: _Target, stats: ReplicaStats) -> None:
+        """The unreported-work cap in tokens: ``prefill_budget_reports`` x the interval between this report
+        and the previous one x the target's prefill rate (``prefill_rate``, tokens/s; the policy's)."""
+        prev, st.work_mark = st.work_mark, stats.timestamp
+        rate = self.prefill_rate(target) if self.prefill_rate is not None else None
+        if prev is not None and stats.timestamp > prev and rate:
+            st.prefill_budget = self.prefill_budget_reports * (stats.timestamp - prev) * rate
 
     def _check_frozen(self, st: _Target, now: float) -> bool:
         """Ignore the report's waiting count if it is frozen (see the module docstring)."""
@@ -500,11 +515,9 @@ class LoadTracker:
             return 0
         if st.kv_budget is not None:
             free = min(free, int((st.kv_budget - st.unseen_tokens) // self.request_tokens))
-        if self.prefill_budget_steps is not None and free > 0:
-            step = st.stats.max_num_batched_tokens if st.stats is not None else None
-            if st.unseen_prefill >= self.prefill_budget_steps * (step or DEFAULT_STEP_TOKENS):
-                self.prefill_capped += 1
-                return 0
+        if st.prefill_budget is not None and free > 0 and st.unseen_prefill >= st.prefill_budget:
+            self.prefill_capped += 1
+            return 0
         return max(0, free)
 
     def free_slots(self) -> int:

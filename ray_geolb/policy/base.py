@@ -153,6 +153,9 @@ class Policy:
     Config: ClassVar[Type[PolicyConfig]]
     #: default availability mode when the config does not say (the paper's choice for this system)
     default_availability: ClassVar[str] = "bp"
+    #: SP-P's defaults when the config does not say (``AvailabilityConfig.max_burst`` / ``pending_allowance``)
+    default_max_burst: ClassVar[int] = 32
+    default_pending_allowance: ClassVar[int] = 0
 
     def __init__(self, config=None, targets: Iterable[Hashable] = (), cache_probe: Callable = None):
         self.config = self.parse_config(config)
@@ -161,12 +164,13 @@ class Policy:
             mode=av.mode or self.default_availability,
             max_outstanding=av.max_outstanding,
             unknown_headroom=av.unknown_headroom,
-            max_burst=av.max_burst,
+            max_burst=av.max_burst if av.max_burst is not None else self.default_max_burst,
             request_tokens=av.request_tokens,
             seen_margin_s=av.seen_margin_s,
             stale_report_s=av.stale_report_s,
-            prefill_budget_steps=av.prefill_budget_steps,
-            pending_allowance=av.pending_allowance,
+            prefill_budget_reports=av.prefill_budget_reports,
+            pending_allowance=av.pending_allowance if av.pending_allowance is not None else
+            self.default_pending_allowance,
         )
         self.rng = random.Random(self.config.seed)
         self.cache_probe = cache_probe

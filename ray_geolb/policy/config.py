@@ -27,7 +27,9 @@ class AvailabilityConfig(_Strict):
     max_outstanding: int = Field(8, ge=1, description="SP-O: cap on router-side in-flight requests per replica")
     unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report "
                                                        "has no capacity fields")
-    max_burst: int = Field(32, ge=1, description="SP-P: safety cap on requests sent to one replica between two reports")
+    max_burst: Optional[int] = Field(None, ge=1, description="SP-P: safety cap on requests sent to one replica "
+                                                             "between two reports (None: the algorithm's default, "
+                                                             "32; GeoPrefix 128)")
     seen_margin_s: float = Field(0.0, ge=0.0, description="SP-P: a request dispatched less than this before a report "
                                                           "was measured is not assumed to be counted by it (0 in the "
                                                           "simulator, where reports are exact; GeoPrefixRouter "
@@ -37,15 +39,16 @@ class AvailabilityConfig(_Strict):
                                                                       "this long while this router had nothing in "
                                                                       "flight at that replica (a frozen report of an "
                                                                       "idle engine); None: always trusted")
-    pending_allowance: int = Field(
-        0, ge=0, le=1024,
+    pending_allowance: Optional[int] = Field(
+        None, ge=0, le=1024,
         description="SP-P: a report with at most this many requests waiting still grants slots (less the waiting "
-                    "ones); 0 = SkyLB's rule, anything waiting holds new requests at the router until the next report")
-    prefill_budget_steps: Optional[float] = Field(
+                    "ones); 0 = SkyLB's rule, anything waiting holds new requests at the router until the next "
+                    "report (None: the algorithm's default, 0; GeoPrefix 8)")
+    prefill_budget_reports: Optional[float] = Field(
         None, gt=0.0, allow_inf_nan=False,
         description="SP-P's unreported-work cap: a replica takes no new request once the uncached prompt tokens sent "
-                    "to it since its last report reach this many steps' prefill budget (its report's "
-                    "max_num_batched_tokens, else 8192); None: off")
+                    "to it since its last report reach this many report intervals of its prefill capacity (interval "
+                    "/ its mean step time x its max_num_batched_tokens, from its reports' engine_work); None: off")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when "
                                                         "its prompt size is unknown, and the least KV budget a replica "
                                                         "must have left to stay available")

@@ -96,6 +96,7 @@ class CostPolicy(RttHook, PrefixPolicy):
         self._reason = f"{self.name}_cost"
         self._seen_prompts = 0
         self.rtt_of_target = rtt_of_target  # RttHook (policy/rtt_hook.py)
+        self.tracker.prefill_rate = self.prefill_rate  # SP-P's unreported-work cap (prefill_budget_reports)
 
     # ------------------------------------------------------------ estimates
     @property
@@ -250,6 +251,12 @@ class CostPolicy(RttHook, PrefixPolicy):
         hits = req.pricing_by(self)[0]
         matched = int(round(hits.get(t, 0.0) * self.config.chars_per_token)) if t in hits else 0
         return Decision(t, matched, self._reason)
+
+    def prefill_rate(self, target) -> Optional[float]:
+        """Tokens per second this LB's replicas prefill: the pooled fit's t_p WITHOUT the floor (the floor
+        keeps prices from collapsing to 0; SP-P's unreported-work cap needs the engine's real rate)."""
+        tp = self.ttft.t_p()
+        return 1.0 / tp if tp > 0 else None
 
     # ------------------------------------------------------------ events
     def uncached_at(self, req, target):

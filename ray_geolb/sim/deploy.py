@@ -57,7 +57,9 @@ the issue-5 systems, each with its paper's intended deployment:
   ``gorgo2-static``: the same with the paper's learned weights frozen (w_rtt 0.276, w_queue 0.5);
 * ``geoprefix`` — ours: per-region LBs, ``geoprefix`` local policy, ``cost`` selector with
   ``GEOPREFIX_COST`` (remote queue included; ``REGION_LAYER.peer_selectors["geoprefix"]``, as the
-  Serve app's default);
+  Serve app's default); ``geoprefix-steal`` the same with cross-region work stealing on,
+  ``geoprefix-strict`` with SkyLB's strict SP-P (GeoPrefix before issue 28), ``geoprefix-cap`` with
+  SP-P's unreported-work cap (``AvailabilityConfig.prefill_budget_reports``);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -278,6 +280,11 @@ register_system("geoprefix", "per-region", "geoprefix",
 register_system("geoprefix-steal", "per-region", "geoprefix",
                 "GeoPrefix with cross-region work stealing (policy/region/steal.py): idle regions pull held requests",
                 two_layer={"steal": {"enabled": True}})
+register_system("geoprefix-strict", "per-region",
+                {"name": "geoprefix", "availability": {"max_burst": 32, "pending_allowance": 0}},
+                "GeoPrefix with SkyLB's strict SP-P (nothing waiting, 32 per report): GeoPrefix before issue 28")
+register_system("geoprefix-cap", "per-region", {"name": "geoprefix", "availability": {"prefill_budget_reports": 2}},
+                "GeoPrefix with SP-P's unreported-work cap: 2 report intervals of prefill per replica")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

@@ -265,57 +265,64 @@ def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
 
 
 def test_the_unreported_work_cap_stops_grants_until_a_report_shows_the_prefill_ran():
-    """SP-P's unreported-work cap (prefill_budget_steps): one step's prefill budget here (the report's
-    max_num_batched_tokens, 1,000); only the UNCACHED prompt tokens sent since the last report count."""
-    t = LoadTracker(mode="sp-p", prefill_budget_steps=1.0)
+    """SP-P's unreported-work cap (prefill_budget_reports): one report interval of prefill at the target's
+    rate -- reports 0.5 s apart at 1,000 tokens/s: 500 tokens; only UNCACHED prompt tokens sent since the
+    last report count."""
+    t = LoadTracker(mode="sp-p", prefill_budget_reports=1.0)
+    t.prefill_rate = lambda target: 1000.0
     t.set_targets(["a"])
-    t.on_stats("a", ReplicaStats(max_num_seqs=64, max_num_batched_tokens=1000, timestamp=1.0))
-    t.on_dispatch("a", "r1", 1.1, tokens=5000, uncached=600)  # a long prompt, mostly cached there
+    t.on_stats("a", ReplicaStats(max_num_seqs=64, timestamp=1.0))
+    t.on_dispatch("a", "r0", 1.1, tokens=900)
+    assert t.is_available("a")  # one report: the interval is not known yet, no cap
+    t.on_stats("a", ReplicaStats(max_num_seqs=64, num_running=1, timestamp=1.5))
+    t.on_dispatch("a", "r1", 1.6, tokens=5000, uncached=300)  # a long prompt, mostly cached there
     assert t.is_available("a")
-    t.on_dispatch("a", "r2", 1.2, tokens=500, uncached=None)  # unknown: all of it counts
+    t.on_dispatch("a", "r2", 1.7, tokens=250, uncached=None)  # unknown: all of it counts
     assert not t.is_available("a") and t.prefill_capped >= 1
-    t.on_complete("r2", "a", 1.3)  # left before any report saw it: its prefill leaves the count
+    t.on_complete("r2", "a", 1.8)  # left before any report saw it: its prefill leaves the count
     assert t.is_available("a")
-    t.on_dispatch("a", "r3", 1.4, tokens=900)
+    t.on_dispatch("a", "r3", 1.9, tokens=400)
     assert not t.is_available("a")
-    t.on_stats("a", ReplicaStats(max_num_seqs=64, max_num_batched_tokens=1000, timestamp=1.5))  # ran: counted
+    t.on_stats("a", ReplicaStats(max_num_seqs=64, num_running=3, timestamp=2.0))  # a report shows they ran
     assert t.is_available("a")
-    # without the report's budget: DEFAULT_STEP_TOKENS (8192)
-    t.on_stats("a", ReplicaStats(max_num_seqs=64, timestamp=2.0))
-    t.on_dispatch("a", "r4", 2.1, tokens=8000)
+    t.on_stats("a", ReplicaStats(max_num_seqs=64, num_running=3, timestamp=3.0))  # a 1 s interval: 1,000 tokens
+    t.on_dispatch("a", "r4", 3.1, tokens=900)
     assert t.is_available("a")
-    t.on_dispatch("a", "r5", 2.2, tokens=200)
-    assert not t.is_available("a")
 
 
-def test_the_cap_is_off_by_default_and_a_bad_budget_is_named():
-    t = LoadTracker(mode="sp-p")
-    t.set_targets(["a"])
-    t.on_stats("a", ReplicaStats(max_num_seqs=64, max_num_batched_tokens=10, timestamp=1.0))
-    for i in range(10):
-        t.on_dispatch("a", f"r{i}", 1.1, tokens=1000)
-    assert t.is_available("a")
-    for bad in (0, -1.0, float("inf"), "2"):
-        with pytest.raises(ValueError, match="prefill_budget_steps"):
-            LoadTracker(mode="sp-p", prefill_budget_steps=bad)
+def test_the_cap_is_off_by_default_or_without_a_rate_and_a_bad_budget_is_named():
+    for t in (LoadTracker(mode="sp-p"), LoadTracker(mode="sp-p", prefill_budget_reports=1.0)):  # no rate
+        t.set_targets(["a"])
+        for ts in (1.0, 1.5):
+            t.on_stats("a", ReplicaStats(max_num_seqs=64, timestamp=ts))
+        for i in range(10):
+            t.on_dispatch("a", f"r{i}", 1.6, tokens=1000)
+        assert t.is_available("a")
+    for bad in (0, -1.0, float("inf"), "2", True):
+        with pytest.raises(ValueError, match="prefill_budget_reports"):
+            LoadTracker(mode="sp-p", prefill_budget_reports=bad)
 
 
-def test_a_cost_policy_counts_the_uncached_tokens_it_priced():
+def test_a_cost_policy_counts_the_uncached_tokens_it_priced_at_its_fitted_rate():
     from ray_geolb.policy import RouteRequest, build_policy
 
-    p = build_policy({"name": "geoprefix", "availability": {"prefill_budget_steps": 1.0},
+    p = build_policy({"name": "geoprefix", "availability": {"prefill_budget_reports": 1.0},
                       "prefix": {"block_chars": 64, "growth": 0.0}}, targets=["a"])
-    p.on_stats("a", ReplicaStats(max_num_seqs=64, max_num_batched_tokens=1000, timestamp=0.0))
-    shared = "s" * 6000  # 1,500 tokens at 4 chars per token
-    first = RouteRequest("r0", shared + "one", prompt_tokens=1501)
-    d = p.choose(first, 0.1)
-    p.on_dispatch(first, d.target, 0.1)
-    assert not p.tracker.is_available("a")  # 1,501 uncached > one step
-    p.on_stats("a", ReplicaStats(max_num_seqs=64, max_num_batched_tokens=1000, timestamp=0.2))
-    second = RouteRequest("r1", shared + "two", prompt_tokens=1501)
-    d = p.choose(second, 0.3)
-    assert p.uncached_at(second, d.target) < 100  # the shared context is cached there
-    p.on_dispatch(second, d.target, 0.3)
+    tp = p.ttft.t_p()  # the unfloored fit (the prior until the engines report step work)
+    assert p.tracker.prefill_rate("a") == pytest.approx(1.0 / tp)
+    for ts in (0.0, 0.2):
+        p.on_stats("a", ReplicaStats(max_num_seqs=64, timestamp=ts))
+    budget = 0.2 / tp  # one 0.2 s report interval of prefill
+    shared = "s" * int(4 * budget)  # a prompt just over the budget
+    first = RouteRequest("r0", shared + "one", prompt_tokens=int(budget) + 1)
+    d = p.choose(first, 0.3)
+    p.on_dispatch(first, d.target, 0.3)
+    assert not p.tracker.is_available("a")
+    p.on_stats("a", ReplicaStats(max_num_seqs=64, num_running=1, timestamp=0.4))
+    second = RouteRequest("r1", shared + "two", prompt_tokens=int(budget) + 1)
+    d = p.choose(second, 0.5)
+    assert p.uncached_at(second, d.target) < 0.1 * budget  # the shared context is cached there
+    p.on_dispatch(second, d.target, 0.5)
     assert p.tracker.is_available("a")
 
 
