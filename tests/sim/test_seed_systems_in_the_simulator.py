@@ -96,17 +96,22 @@ def test_gorgo_proxy_pays_the_central_lb_hops():
     assert pol.rtt("us-west-0", req) == pytest.approx(0.281)
 
 
+#: SkyLB's strict SP-P (nothing waiting, 32 per report): requests queue at the LB, so TTFT is mostly queueing
+STRICT_SPP = {"pending_allowance": 0, "max_burst": 32}
+
+
 def _cost_router(system, network, replicas):
     dep = deployment_for(system, replicas, network=network, central_region="home")
     sim = Simulator(_tiny_workload({"us": 1}), dep, SimConfig(duration_s=1.0, seed=0))
     return sim
 
 
-def _busy_local(router, waiting, now, running=8):
+def _busy_local(router, waiting, now, running=256):
     for t in router.local.targets:
         router.local.on_stats(t, ReplicaStats(num_waiting=waiting, num_running=running, timestamp=now,
                                               max_num_seqs=256))
-    assert not router.local.tracker.available  # SP-P: a replica with a waiting queue is unavailable
+    # SP-P: a replica at its max_num_seqs, with requests waiting, is unavailable
+    assert not router.local.tracker.available
 
 
 def _peer(router, region, now, rtt_s, **extra):
@@ -206,8 +211,8 @@ def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_do
     slope = prof.ttft_line()[1]
     got = {}
     for source in ("engine_steps", "ttft"):
-        dep = deployment_for({"name": "geoprefix", "ttft": {"source": source}, "tp_floor": "none"}, {"us": 2},
-                             profile=profile)
+        dep = deployment_for({"name": "geoprefix", "ttft": {"source": source}, "tp_floor": "none",
+                              "availability": STRICT_SPP}, {"us": 2}, profile=profile)
         sim = Simulator(build_workload({"name": "tot", "kw": {"clients": {"us": 120}, "seed": 0}}), dep,
                         SimConfig(duration_s=60.0, seed=0))
         res = sim.run()
