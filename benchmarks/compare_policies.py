@@ -329,6 +329,31 @@ def plots(agg: Dict[tuple, dict], scenarios: List[str], out: str) -> List[str]:
     return paths
 
 
+def bar_from(path: str, ours: str, ap) -> int:
+    """The central-LB bar with ``ours`` in GeoPrefix's place, from a saved ``results.json`` (a GeoPrefix
+    variant run beside the others, e.g. ``geoprefix-steal``), printed as the run prints its own."""
+    import json
+
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        ap.error(f"--bar-from: cannot read {path!r}: {e}")
+    agg = {}
+    for a in data.get("aggregate", []):
+        a = dict(a)
+        sc, g, system = a.pop("scenario"), a.pop("group"), a.pop("system")
+        if system == OURS and ours != OURS:
+            continue
+        agg[(sc, g, OURS if system == ours else system)] = a
+    if not any(k[2] == OURS for k in agg):
+        ap.error(f"--ours: {ours!r} is not in {path}")
+    scenarios = [s for s in SCENARIOS if any(k[0] == s for k in agg)]
+    bar, _ = central_bar(agg, scenarios)
+    print(f"central-LB bar with {ours} as GeoPrefix (from {path}):\n\n{bar}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="out/compare_policies")
@@ -344,7 +369,12 @@ def main(argv=None) -> int:
                          "ablation, e.g. peer_selectors.geoprefix.cost.peer_summary=false)")
     ap.add_argument("--ray", action="store_true", help="run on a fresh local Ray (2 CPUs) via sweep.run_many")
     ap.add_argument("--progress", action="store_true")
+    ap.add_argument("--bar-from", default=None, metavar="RESULTS_JSON",
+                    help="run nothing: print the central-LB bar of --ours from a results.json this command wrote")
+    ap.add_argument("--ours", default=OURS, help=f"with --bar-from: the system judged as GeoPrefix (default {OURS})")
     args = ap.parse_args(argv)
+    if args.bar_from:
+        return bar_from(args.bar_from, args.ours, ap)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
