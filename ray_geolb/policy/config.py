@@ -28,8 +28,8 @@ class AvailabilityConfig(_Strict):
     unknown_headroom: int = Field(1, ge=1, description="SP-P: requests a replica may take per report when the report "
                                                        "has no capacity fields")
     max_burst: Optional[int] = Field(None, ge=1, description="SP-P: safety cap on requests sent to one replica "
-                                                             "between two reports (None: the algorithm's default, "
-                                                             "32; GeoPrefix 128)")
+                                                             "between two reports (None: the algorithm's "
+                                                             "default, 32)")
     seen_margin_s: float = Field(0.0, ge=0.0, description="SP-P: a request dispatched less than this before a report "
                                                           "was measured is not assumed to be counted by it (0 in the "
                                                           "simulator, where reports are exact; GeoPrefixRouter "

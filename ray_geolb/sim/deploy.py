@@ -281,8 +281,8 @@ register_system("geoprefix-steal", "per-region", "geoprefix",
                 "GeoPrefix with cross-region work stealing (policy/region/steal.py): idle regions pull held requests",
                 two_layer={"steal": {"enabled": True}})
 register_system("geoprefix-strict", "per-region",
-                {"name": "geoprefix", "availability": {"max_burst": 32, "pending_allowance": 0}},
-                "GeoPrefix with SkyLB's strict SP-P (nothing waiting, 32 per report): GeoPrefix before issue 28")
+                {"name": "geoprefix", "availability": {"pending_allowance": 0}},
+                "GeoPrefix with SkyLB's strict SP-P (nothing waiting): GeoPrefix before issue 28")
 register_system("geoprefix-cap", "per-region", {"name": "geoprefix", "availability": {"prefill_budget_reports": 2}},
                 "GeoPrefix with SP-P's unreported-work cap: 2 report intervals of prefill per replica")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")

@@ -71,10 +71,9 @@ class GeoPrefix(CostPolicy):
     name = "geoprefix"
     default_availability = "sp-p"
     #: SP-P as measured for GeoPrefix (benchmarks/RESULTS.md section 16): a report with up to 8 requests
-    #: waiting still grants slots, up to 128 per report -- SkyLB's strict rule (nothing waiting, 32) held
-    #: requests at the router while KV-bound engines could have started them, and the deployment collapsed
-    #: into refusals near its capacity
-    default_max_burst = 128
+    #: waiting still grants its slots less those -- SkyLB's strict rule (anything waiting: no slot until the
+    #: next report) held requests at the router while KV-bound engines could have started them, and near
+    #: its capacity the deployment collapsed into refusals
     default_pending_allowance = 8
 
     class Config(CostConfig):
