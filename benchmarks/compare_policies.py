@@ -334,13 +334,15 @@ def bar_from(path: str, ours: str, ap) -> int:
     variant run beside the others, e.g. ``geoprefix-steal``), printed as the run prints its own."""
     import json
 
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        ap.error(f"--bar-from: cannot read {path!r}: {e}")
+    rows = []
+    for one in path.split(","):  # several runs' results (e.g. a variant run later) are merged
+        try:
+            with open(one) as f:
+                rows += json.load(f).get("aggregate", [])
+        except (OSError, ValueError) as e:
+            ap.error(f"--bar-from: cannot read {one!r}: {e}")
     agg = {}
-    for a in data.get("aggregate", []):
+    for a in rows:
         a = dict(a)
         sc, g, system = a.pop("scenario"), a.pop("group"), a.pop("system")
         if system == OURS and ours != OURS:
@@ -370,7 +372,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ray", action="store_true", help="run on a fresh local Ray (2 CPUs) via sweep.run_many")
     ap.add_argument("--progress", action="store_true")
     ap.add_argument("--bar-from", default=None, metavar="RESULTS_JSON",
-                    help="run nothing: print the central-LB bar of --ours from a results.json this command wrote")
+                    help="run nothing: print the central-LB bar of --ours from results.json files this command wrote "
+                         "(comma-separated: merged)")
     ap.add_argument("--ours", default=OURS, help=f"with --bar-from: the system judged as GeoPrefix (default {OURS})")
     args = ap.parse_args(argv)
     if args.bar_from:

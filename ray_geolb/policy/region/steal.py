@@ -117,8 +117,11 @@ class Thief:
     def __init__(self, config: StealConfig, region: str):
         self.config = config
         self.region = region
-        #: peer -> [offer_id, expires_at, slots not yet taken]
+        #: peer -> [offer_id, expires_at, slots not yet taken, the peer's heartbeat time it was offered on]
         self.out: Dict[str, list] = {}
+        #: peer -> the heartbeat time of its last offer that it answered with nothing: no new offer to it
+        #: until a newer heartbeat (at most one unanswered offer per peer per heartbeat)
+        self.declined: Dict[str, float] = {}
         self.counts = {"offers": 0, "offered_slots": 0, "taken": 0, "refused": 0, "expired": 0}
 
     def expire(self, now: float) -> None:
@@ -135,8 +138,10 @@ class Thief:
             return []
         self.expire(now)
         stale = router.config.peer_stale_s
+        declined = self.declined
         busy = sorted(((p.reported_queue_len, r) for r, p in router.peers.items()
-                       if r not in self.out and p.reported_queue_len > 0 and now - p.timestamp <= stale),
+                       if r not in self.out and p.reported_queue_len > 0 and now - p.timestamp <= stale
+                       and declined.get(r) != p.timestamp),
                       reverse=True)
         if not busy:
             return []
@@ -149,24 +154,23 @@ class Thief:
             n = min(left, q, MAX_OFFER_SLOTS)
             left -= n
             offer = StealOffer(next(_ids), self.region, n, wait_s, t_p_s, summary)
-            self.out[peer] = [offer.offer_id, now + self.config.offer_ttl_s, n]
+            self.out[peer] = [offer.offer_id, now + self.config.offer_ttl_s, n, router.peers[peer].timestamp]
             self.counts["offers"] += 1
             self.counts["offered_slots"] += n
             out.append((peer, offer))
         return out
 
-    def answered(self, peer: str, offer_id: int, handed: int, queue_left: int, router=None) -> None:
+    def answered(self, peer: str, offer_id: int, handed: int, queue_left: int) -> None:
         """The victim's answer: it handed ``handed`` requests over and still holds ``queue_left``. An offer
-        that handed nothing is closed at once (its slots free again); the peer table learns the queue."""
+        that handed nothing is closed at once (its slots free again), and that peer gets no new offer until
+        a newer heartbeat (its queue held nothing worth moving here)."""
         o = self.out.get(peer)
         if o is not None and o[0] == offer_id:
             o[2] = min(o[2], handed)
+            if handed <= 0:
+                self.declined[peer] = o[3]
             if o[2] <= 0:
                 del self.out[peer]
-        if router is not None:
-            ps = router.peers.get(peer)
-            if ps is not None:
-                ps.queue_len = max(0, int(queue_left)) + ps.noted
 
     def take(self, peer: str, offer_id: int, now: float) -> bool:
         """A request stolen from ``peer`` under ``offer_id`` arrives: take it (True) while that offer lives
@@ -183,6 +187,7 @@ class Thief:
 
     def forget(self, peer: str) -> None:
         self.out.pop(peer, None)
+        self.declined.pop(peer, None)
 
 
 class Victim:

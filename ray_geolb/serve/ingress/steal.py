@@ -130,7 +130,7 @@ class Stealing:
             ans = await asyncio.wait_for(h.steal_offer.remote(wire), OFFER_TIMEOUT_S)
             await latency.hop(peer, self.region)
             if isinstance(ans, dict) and "error" not in ans:
-                thief.answered(peer, offer.offer_id, int(ans["handed"]), int(ans["queue_left"]), self.router)
+                thief.answered(peer, offer.offer_id, int(ans["handed"]), int(ans["queue_left"]))
                 answered = True
             else:
                 logger.warning("region %s: peer %s refused a steal offer: %s", self.region, peer, ans)

@@ -64,10 +64,21 @@ def test_an_answer_that_hands_nothing_closes_the_offer_and_slots_run_out():
     r.update_peer(PeerState("eu", 0, 3, 1.0))
     (_, o), = r.thief.offers(r, 1.0, 2, 0, 0.0, 1e-4)
     r.thief.answered("eu", o.offer_id, handed=0, queue_left=0)
-    assert "eu" not in r.thief.out
+    assert "eu" not in r.thief.out  # closed: its slots are free again
+    r.update_peer(PeerState("eu", 0, 3, 1.05))  # (a newer heartbeat: see the next test)
     (_, o), = r.thief.offers(r, 1.1, 2, 0, 0.0, 1e-4)
     r.thief.answered("eu", o.offer_id, handed=1, queue_left=2)
     assert r.thief.take("eu", o.offer_id, 1.2) and not r.thief.take("eu", o.offer_id, 1.2)  # one handed, one taken
+
+
+def test_a_peer_that_handed_nothing_gets_no_new_offer_until_its_next_heartbeat():
+    r = _thief_region()
+    r.update_peer(PeerState("eu", 0, 3, 1.0))
+    (_, o), = r.thief.offers(r, 1.0, 2, 0, 0.0, 1e-4)
+    r.thief.answered("eu", o.offer_id, handed=0, queue_left=3)  # nothing there worth moving here
+    assert r.thief.offers(r, 1.1, 2, 0, 0.0, 1e-4) == []  # the same heartbeat: no offer again
+    r.update_peer(PeerState("eu", 0, 3, 1.25))  # a newer heartbeat still shows a queue
+    assert [p for p, _ in r.thief.offers(r, 1.3, 2, 0, 0.0, 1e-4)] == ["eu"]
 
 
 def _offer(slots=4, thief="eu", wait_s=0.0, t_p_s=1e-4, summary=None, oid=7):
