@@ -60,3 +60,21 @@ def fake_router_view(policy, slots: Union[int, Callable[[], int]] = 0, queue: in
     free = slots if callable(slots) else (lambda: slots)
     return _FakeRouterView(policy=policy, num_available=free, free_slots=free, queue_len=lambda: queue,
                            queued_tokens=lambda: tokens, decision=lambda rid: None)
+
+
+def response_kind(status, raw, stream):
+    """What a chaos test's client got: "ok", "typed:<type>" (a JSON error body), "stream_error" (a stream
+    ended by a typed error event) or "untyped" (anything else: what the chaos tests forbid)."""
+    import json
+
+    if status == 200 and not stream:
+        return "ok" if '"choices"' in raw else "untyped"
+    if status == 200:
+        events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
+        if not events or events[-1] != "[DONE]":
+            return "untyped"
+        return "stream_error" if any(e.startswith('{"error"') for e in events) else "ok"
+    try:
+        return f"typed:{json.loads(raw)['error']['type']}"
+    except (ValueError, KeyError, TypeError):
+        return "untyped"

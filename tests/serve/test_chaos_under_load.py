@@ -11,7 +11,6 @@ ingress's accounting returns to idle, and each recovery is timed (printed; bound
 
 import asyncio
 import collections
-import json
 import time
 import uuid
 
@@ -20,6 +19,7 @@ import pytest
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
+from fakes import response_kind  # noqa: E402
 from ray import serve  # noqa: E402
 from region_cluster import deploy_config, region_cluster, serve_config_on_cpu, wait_for_peers  # noqa: E402
 
@@ -90,7 +90,7 @@ class Load:
         except httpx.HTTPError as e:
             rec.update(status=None, kind=f"transport:{type(e).__name__}")
         else:
-            rec["kind"] = _kind(rec["status"], raw, stream)
+            rec["kind"] = response_kind(rec["status"], raw, stream)
         rec["t1"] = time.monotonic()
         self.results.append(rec)
 
@@ -111,23 +111,6 @@ class Load:
 
     def ok_since(self, region, t):
         return any(r["region"] == region and r["t0"] >= t and r["kind"] == "ok" for r in self.results)
-
-
-def _kind(status, raw, stream):
-    """"ok", "typed:<type>", "stream_error" (a stream ended by a typed error event) or "untyped"."""
-    if status == 200 and not stream:
-        return "ok" if '"choices"' in raw else "untyped"
-    if status == 200:
-        events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
-        if not events or events[-1] != "[DONE]":
-            return "untyped"
-        if any(e.startswith('{"error"') for e in events):
-            return "stream_error"
-        return "ok"
-    try:
-        return f"typed:{json.loads(raw)['error']['type']}"
-    except (ValueError, KeyError, TypeError):
-        return "untyped"
 
 
 async def _until(check, what, bound=RECOVERY_BOUND_S):

@@ -14,7 +14,6 @@ unsettled, no offer task left).
 
 import asyncio
 import collections
-import json
 import time
 import uuid
 
@@ -23,6 +22,7 @@ import pytest
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
+from fakes import response_kind  # noqa: E402
 from ray import serve  # noqa: E402
 from region_cluster import region_cluster  # noqa: E402
 
@@ -78,21 +78,6 @@ def replica_actor(region):
     return ray.get_actor(names[0], namespace="serve")
 
 
-def _kind(status, raw, stream):
-    """"ok", "typed:<type>", "stream_error" (a stream ended by a typed error event) or "untyped"."""
-    if status == 200 and not stream:
-        return "ok" if '"choices"' in raw else "untyped"
-    if status == 200:
-        events = [e[len("data: "):] for e in raw.split("\n\n") if e.startswith("data: ")]
-        if not events or events[-1] != "[DONE]":
-            return "untyped"
-        return "stream_error" if any(e.startswith('{"error"') for e in events) else "ok"
-    try:
-        return f"typed:{json.loads(raw)['error']['type']}"
-    except (ValueError, KeyError, TypeError):
-        return "untyped"
-
-
 async def _one(c, base, i, tag):
     rid = f"{tag}-{i}-{uuid.uuid4().hex[:8]}"
     stream = i % 4 == 0
@@ -102,7 +87,7 @@ async def _one(c, base, i, tag):
     try:
         async with c.stream("POST", f"{base}/us/v1/chat/completions", json=body, headers={"x-request-id": rid}) as r:
             rec["status"], rec["region"] = r.status_code, r.headers.get("x-geolb-region")
-            rec["kind"] = _kind(r.status_code, (await r.aread()).decode(), stream)
+            rec["kind"] = response_kind(r.status_code, (await r.aread()).decode(), stream)
     except httpx.HTTPError as e:
         rec.update(status=None, kind=f"transport:{type(e).__name__}")
     rec["t1"] = time.monotonic()
