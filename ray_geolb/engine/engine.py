@@ -688,7 +688,6 @@ class EngineModel:
             "num_preempted": self._num_preempted,
             "num_gpu_blocks": self._total_blocks,
             "max_num_seqs": self._max_seqs,
-            "max_num_batched_tokens": self._max_tokens,
             "block_tokens": self._B,
             # cumulative step work since the engine started (what vLLM's per-iteration stats add up to):
             # a router differences two reports and fits busy time on steps, prefill and decode tokens and

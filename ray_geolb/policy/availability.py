@@ -27,6 +27,15 @@ Modes:
   ``max_burst`` is only a safety cap on slots for very stale reports; the KV budget is what tracks
   the engine's real admission limit.
 
+  Two options refine it. **A pending allowance** (``pending_allowance`` k; 0 is SkyLB's rule): a report
+  with at most k requests waiting still grants its slots less those k -- near KV saturation most reports
+  catch a short queue, and SkyLB's rule then idles the engine for a report period and a half while the
+  router holds what it could have started (GeoPrefix uses 8; measured in ``benchmarks/RESULTS.md``
+  section 16). **An unreported-work cap** (``prefill_budget_reports``; off by default): a target takes no
+  new request once the uncached prompt tokens sent to it since its last report reach that many report
+  intervals of prefill at its rate (``prefill_rate``, set by the owning policy), so a burst is not granted
+  to a replica mid-step.
+
 A report can freeze: an engine left idle (e.g. by an aborted request) runs no further step, so it
 may keep sending -- with fresh timestamps -- the figures it had, ``num_waiting=1`` included, and SP-P
 would shun an idle replica for good. The tracker therefore **stops trusting** a report that says
@@ -162,8 +171,6 @@ class ReplicaStats:
     #: the engine started (report key ``engine_work``; :func:`parse_engine_work`); a cost policy differences
     #: two reports to fit t_p (and, with ``prefill_pairs``, the prefill-attention price per pair)
     engine_work: Optional[Tuple[float, ...]] = None
-    #: the engine's prefill budget per step (vLLM's ``max_num_batched_tokens``), if reported
-    max_num_batched_tokens: Optional[int] = None
 
     _ALIASES = {
         "num_waiting": ("num_waiting", "num_waiting_reqs", "waiting", "pending"),
@@ -173,7 +180,6 @@ class ReplicaStats:
         "max_num_seqs": ("max_num_seqs",),
         "num_gpu_blocks": ("num_gpu_blocks",),
         "block_tokens": ("block_tokens", "block_size"),
-        "max_num_batched_tokens": ("max_num_batched_tokens",),
     }
 
     @classmethod
@@ -213,7 +219,6 @@ class ReplicaStats:
             max_num_seqs=_count_or_none(vals.get("max_num_seqs"), "max_num_seqs"),
             num_gpu_blocks=_count_or_none(vals.get("num_gpu_blocks"), "num_gpu_blocks"),
             block_tokens=_count_or_none(vals.get("block_tokens"), "block_tokens"),
-            max_num_batched_tokens=_count_or_none(vals.get("max_num_batched_tokens"), "max_num_batched_tokens"),
             ttft_samples=parse_ttft_samples(d.get("ttft_samples")),
             engine_work=parse_engine_work(d.get("engine_work")),
         )

@@ -47,8 +47,8 @@ class AvailabilityConfig(_Strict):
     prefill_budget_reports: Optional[float] = Field(
         None, gt=0.0, allow_inf_nan=False,
         description="SP-P's unreported-work cap: a replica takes no new request once the uncached prompt tokens sent "
-                    "to it since its last report reach this many report intervals of its prefill capacity (interval "
-                    "/ its mean step time x its max_num_batched_tokens, from its reports' engine_work); None: off")
+                    "to it since its last report reach this many report intervals of prefill at its rate (a cost "
+                    "policy's fitted t_p; other policies: no cap); None: off")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when "
                                                         "its prompt size is unknown, and the least KV budget a replica "
                                                         "must have left to stay available")

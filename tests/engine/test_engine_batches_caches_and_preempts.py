@@ -373,7 +373,7 @@ def test_stats_keys():
     st_ = make().stats()
     assert set(st_) == {"num_waiting", "num_running", "kv_cache_usage", "prefix_cache_queries",
                         "prefix_cache_hits", "num_preempted", "num_gpu_blocks", "max_num_seqs",
-                        "block_tokens", "max_num_batched_tokens", "engine_work"}
+                        "block_tokens", "engine_work"}
     assert set(st_["engine_work"]) == {"steps", "prefill_tokens", "decode_tokens", "busy_s", "prefill_pairs"}
 
 
