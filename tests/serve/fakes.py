@@ -78,3 +78,27 @@ def response_kind(status, raw, stream):
         return f"typed:{json.loads(raw)['error']['type']}"
     except (ValueError, KeyError, TypeError):
         return "untyped"
+
+
+async def ingress_state(client, base, region, headers):
+    """The ``/v1/geolb/state`` payload of ``region``'s ingress (an httpx ``AsyncClient``), or None while it
+    cannot answer (restarting, partitioned)."""
+    import httpx
+
+    try:
+        r = await client.get(f"{base}/{region}/v1/geolb/state", headers=headers)
+        return r.json() if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def wait_until(check, what, bound, poll_s=0.1):
+    """Seconds until ``check()`` (async) is true; the test fails after ``bound`` seconds."""
+    import asyncio
+    import time
+
+    t0 = time.monotonic()
+    while not await check():
+        assert time.monotonic() - t0 < bound, f"{what}: not within {bound:g} s"
+        await asyncio.sleep(poll_s)
+    return time.monotonic() - t0

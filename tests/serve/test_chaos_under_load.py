@@ -19,7 +19,7 @@ import pytest
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
-from fakes import response_kind  # noqa: E402
+from fakes import ingress_state, response_kind, wait_until  # noqa: E402
 from ray import serve  # noqa: E402
 from region_cluster import deploy_config, region_cluster, serve_config_on_cpu, wait_for_peers  # noqa: E402
 
@@ -114,20 +114,11 @@ class Load:
 
 
 async def _until(check, what, bound=RECOVERY_BOUND_S):
-    """Seconds until ``check()`` (async) is true; fails after ``bound``."""
-    t0 = time.monotonic()
-    while not await check():
-        assert time.monotonic() - t0 < bound, f"{what}: not recovered within {bound:g} s"
-        await asyncio.sleep(0.2)
-    return time.monotonic() - t0
+    return await wait_until(check, f"{what}: not recovered", bound, poll_s=0.2)
 
 
 async def _state(c, base, region):
-    try:
-        r = await c.get(f"{base}/{region}/v1/geolb/state", headers=ADMIN)
-        return r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
+    return await ingress_state(c, base, region, ADMIN)
 
 
 def test_faults_under_load_lose_nothing_serve_nothing_twice_and_recover(cluster):

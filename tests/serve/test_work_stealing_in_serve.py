@@ -22,7 +22,7 @@ import pytest
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
-from fakes import response_kind  # noqa: E402
+from fakes import ingress_state, response_kind, wait_until  # noqa: E402
 from ray import serve  # noqa: E402
 from region_cluster import region_cluster  # noqa: E402
 
@@ -104,19 +104,11 @@ async def _burst(base, n, tag, during=None):
 
 
 async def _state(c, base, region):
-    try:
-        r = await c.get(f"{base}/{region}/v1/geolb/state", headers=ADMIN)
-        return r.json() if r.status_code == 200 else None
-    except (httpx.HTTPError, ValueError):
-        return None
+    return await ingress_state(c, base, region, ADMIN)
 
 
 async def _until(check, what, bound=30.0):
-    t0 = time.monotonic()
-    while not await check():
-        assert time.monotonic() - t0 < bound, f"{what}: not within {bound:g} s"
-        await asyncio.sleep(0.1)
-    return time.monotonic() - t0
+    return await wait_until(check, what, bound)
 
 
 async def _idle(what):
