@@ -192,8 +192,11 @@ def test_a_thief_that_dies_mid_steal_loses_nothing_and_serves_nothing_twice(geo)
     before, after, results, served = asyncio.run(run())
     kinds = _check(results, "thief died")
     print(f"\nthief died: {dict(kinds)}; us steal counters {after} (before {before})")
-    # the steal in flight when eu died could not be answered: it came back to us's queue (and was served once)
-    assert after["returned"] > before["returned"]
+    # every hand-over settled exactly once: taken by eu (served there, or a typed error if eu died while
+    # serving it) or returned to us's queue (if eu died before taking it) -- which of the two depends on the
+    # kill's timing, so the test asserts the accounting, not the race
+    assert after["handed"] > before["handed"]
+    assert after["handed"] == after["settled_taken"] + after["returned"] + after.get("abandoned", 0), after
     assert kinds["ok"] >= len(results) - 2, kinds  # only a stream eu had started may end in an error event
     assert all(served[r["id"]] <= 1 for r in results)  # (the dead eu's log is gone with it)
 
