@@ -98,8 +98,9 @@ def servegen(src: Path, n_clients: int = 24, day_s: int = 86400) -> None:
 
 
 def gpu_step_times(src: Path) -> None:
-    """The GPU step times (``gpu_step_times/``): each run's rows ``[P, c, B, L, median_s]`` and the held-out
-    ``validation`` steps, per card (the step-time fit's input; ``python -m ray_geolb.engine.step_fit``)."""
+    """The GPU step times (``gpu_step_times/``): each run's rows ``[P, c, B, L, median_s]`` (a long-context
+    run's ``reference`` rows, repeats of the first grid, after its own) and the multi-chunk design checks,
+    per card (the step-time fit's input; ``python -m ray_geolb.engine.step_fit``)."""
     d = src / "gpu_step_times"
 
     def run(name: str) -> dict:
@@ -107,27 +108,35 @@ def gpu_step_times(src: Path) -> None:
         info = r["info"]
         out = {"file": name, "gpu": info["gpu"], "sms": info.get("sms"), "mem_total_bytes": info.get("mem_total"),
                "torch": info["torch"],
-               "rows": [[x["P"], x["c"], x["B"], x["L"], round(x["median_s"], 9)] for x in r["rows"]]}
+               "rows": [[x["P"], x["c"], x["B"], x["L"], round(x["median_s"], 9)]
+                        for x in r["rows"] + r.get("reference", [])]}
+        if r.get("reference"):
+            out["reference_rows"] = len(r["reference"])
         if "validation" in r:
-            out["validation"] = [{"chunks": x["chunks"], "B": x["B"], "L": x["L"], "median_s": round(x["median_s"], 9)}
-                                 for x in r["validation"]]
+            out["design_checks"] = [{"chunks": x["chunks"], "B": x["B"], "L": x["L"],
+                                     "median_s": round(x["median_s"], 9)} for x in r["validation"]]
         return out
 
     fx = {
         "what": "GPU time (median of 10 CUDA-graph replays) of ONE continuous-batching step of a Llama-3.1-8B-shaped "
                 "transformer (bf16, random weights, torch SDPA). A row [P, c, B, L, median_s] = one prefill chunk of "
-                "P new tokens over c cached ones plus B decodes of context L each. 'validation' = held-out steps with "
-                "several prefill chunks [[P_i, c_i], ...]: never fitted on.",
-        "source": "Measured for this project on 2026-11-26 with measure_step_times.py (../shared/data/gpu_step_times/, "
-                  "README there): one H100 80GB HBM3 SXM (two machines: run1, run2 with the validation list) and one "
-                  "H200, driver 580.159.04, PyTorch 2.11.0+cu130. Derived here: the rows' configuration and median_s "
-                  "only.",
+                "P new tokens over c cached ones plus B decodes of context L each; a run's last 'reference_rows' "
+                "rows repeat rows of the first grid on that run's machine. 'design_checks' = steps with several "
+                "prefill chunks [[P_i, c_i], ...]: never fitted on, but seen while the model's form was chosen, "
+                "so they check the design, not a held-out fit.",
+        "source": "Measured for this project with measure_step_times.py (../shared/data/gpu_step_times/, README "
+                  "there), driver 580.159.04, PyTorch 2.11.0+cu130: on 2026-11-26 one H100 80GB HBM3 SXM (two "
+                  "machines: run1, run2 with the multi-chunk steps) and one H200; on 2026-11-28 the long-context "
+                  "rows (short chunks over long cached contexts, lone decodes over very long contexts) on "
+                  "another H100 SXM and another H200. Derived here: the rows' configuration and median_s only.",
         "license": "measurements made for this project; use freely",
         "model": {"layers": 32, "hidden": 4096, "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 128256},
         "cards": {
             "h100-sxm": [run("llama3.1-8b_h100-sxm_steps.json"),
-                         run("llama3.1-8b_h100-sxm_steps_run2_with_validation.json")],
-            "h200": [run("llama3.1-8b_h200_steps.json")],
+                         run("llama3.1-8b_h100-sxm_steps_run2_with_validation.json"),
+                         run("llama3.1-8b_h100-sxm_long-context_steps.json")],
+            "h200": [run("llama3.1-8b_h200_steps.json"),
+                     run("llama3.1-8b_h200_long-context_steps.json")],
         },
     }
     (OUT / "gpu_step_times").mkdir(exist_ok=True)
