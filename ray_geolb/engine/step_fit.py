@@ -1,23 +1,29 @@
 """Fit the step-time roofline (:mod:`.step_model`) to measured GPU step times.
 
-    python -m ray_geolb.engine.step_fit            # fit every card of the committed fixture, print
-                                                   # the constants, every row's error, the held-out steps
+    python -m ray_geolb.engine.step_fit            # fit every card of the committed fixture, print the
+                                                   # constants, every row's error and the design checks
 
 The fixture (``ray_geolb/data/gpu_step_times/llama3.1-8b_steps.json``, source and license inside) holds
-single-chunk rows ``[P, c, B, L, median_s]`` per card and run, and, for one H100 run, a ``validation``
-list of steps with several prefill chunks that no fit reads.
+single-chunk and single-decode-batch rows ``[P, c, B, L, median_s]`` per card and run (the first 44-row
+grids, a second H100 run, and the long-context rows of 2026-11-28 with their three reference rows), and,
+for one H100 run, ``design_checks``: steps with several prefill chunks that no fit reads. They were seen
+while the model's form was chosen, so they check the design; they are not held-out data.
 
-How the constants are fitted (numpy only, deterministic):
+How the constants are fitted (numpy only, deterministic), per card, on every single-chunk and
+single-decode row of all its runs:
 
-1. ``m``, a lone sequence's K/V read per context token: the only rows where one sequence alone reads a
-   long K/V are the decode batches of one (``B = 1``), so ``m`` is their slope in ``L`` (least squares,
-   one intercept per run), and never below ``a``. A chunk over a cached context is compute-bound in
-   every other row of the grid (``P >= 512``), so those rows cannot tell ``m`` apart.
-2. For each knee ``k`` of a grid, the other constants (``o, k_c, k_d, g, a, q``) by least squares on the
-   relative error (each row weighted by ``1 / t``), non-negative (a negative one is dropped and the rest
-   refitted); the two ``max`` terms are resolved by fixed-point iteration (a row's decode or chunk
-   term that is read-bound at the current constants is moved to the known side).
-3. The knee with the smallest root-mean-square relative error wins.
+1. The model is linear in ``o, k_c, k_d, g, a, q, m`` once two discrete choices are made: the knee ``k``
+   and which chunks are pass-bound (their cost is ``m * (c + P)``, one query tile over the context)
+   rather than pair-bound (``q * P * (c + P/2)``). A chunk is pass-bound when its new tokens are fewer
+   than ``m / q``, so the choice is a threshold ``s`` on ``P``: chunks with ``P <= s`` are pass-bound.
+2. For each knee ``k`` (16..512 tokens, step 2) and each threshold ``s`` (0 and every chunk size in the
+   rows), the seven constants by least squares on the relative error (each row weighted by ``1 / t``),
+   non-negative (a negative one is dropped and the rest refitted).
+3. The (k, s) whose model -- evaluated with its ``max`` terms, not the assumed branches -- has the
+   smallest root-mean-square relative error wins.
+
+Nothing in the form is per row: one GEMM knee, one bandwidth rate for every decode, one compute rate
+per attention pair and one per tile pass, and three launch terms.
 """
 
 from __future__ import annotations
@@ -32,13 +38,15 @@ import numpy as np
 
 from .step_model import StepModel
 
-__all__ = ["FIXTURE", "Step", "load_fixture", "fit_card", "fit_lone_read", "fit_step_model", "errors",
-           "validation_steps", "FitReport"]
+__all__ = ["FIXTURE", "Step", "load_fixture", "card_runs", "design_checks", "fit_card", "fit_step_model",
+           "errors", "predict", "FitReport"]
 
 FIXTURE = "gpu_step_times/llama3.1-8b_steps.json"
 
 #: one measured step: prefill chunks [(P_i, c_i)], decodes B of context L each, seconds
 Step = Tuple[Tuple[Tuple[int, int], ...], int, int, float]
+
+KNEES = tuple(range(16, 513, 2))
 
 
 def load_fixture(path: Optional[str] = None) -> dict:
@@ -55,7 +63,7 @@ def _row_step(r: Sequence) -> Step:
 
 
 def card_runs(fixture: dict, card: str) -> List[List[Step]]:
-    """The single-chunk rows of ``card``, one list per measurement run."""
+    """The single-chunk / single-decode-batch rows of ``card`` (reference rows included), one list per run."""
     try:
         runs = fixture["cards"][card]
     except KeyError:
@@ -63,11 +71,11 @@ def card_runs(fixture: dict, card: str) -> List[List[Step]]:
     return [[_row_step(r) for r in run["rows"]] for run in runs]
 
 
-def validation_steps(fixture: dict, card: str = "h100-sxm") -> List[Step]:
-    """The held-out multi-chunk steps of ``card`` (never fitted on)."""
+def design_checks(fixture: dict, card: str = "h100-sxm") -> List[Step]:
+    """The multi-chunk steps of ``card``: never fitted on, seen while the form was chosen."""
     out: List[Step] = []
     for run in fixture["cards"][card]:
-        for v in run.get("validation", ()):
+        for v in run.get("design_checks", ()):
             out.append((tuple((int(p), int(c)) for p, c in v["chunks"]), int(v["B"]), int(v["L"]),
                         float(v["median_s"])))
     return out
@@ -83,91 +91,83 @@ def errors(model: StepModel, steps: Sequence[Step]) -> np.ndarray:
     return np.array([predict(model, s) / s[3] - 1.0 for s in steps])
 
 
-def fit_lone_read(runs: Sequence[Sequence[Step]]) -> float:
-    """``m``: slope in L of the single-decode rows (``B = 1``, no chunk), one intercept per run."""
-    xs, ys, run_ids = [], [], []
-    for i, run in enumerate(runs):
-        for chunks, B, L, t in run:
-            if not chunks and B == 1:
-                xs.append(L)
-                ys.append(t)
-                run_ids.append(i)
-    if len({x for x in xs}) < 2:
-        return 0.0
-    X = np.zeros((len(xs), 1 + len(runs)))
-    X[:, 0] = xs
-    for r, i in enumerate(run_ids):
-        X[r, 1 + i] = 1.0
-    coef, *_ = np.linalg.lstsq(X, np.asarray(ys), rcond=None)
-    return max(0.0, float(coef[0]))
-
-
+# the columns of the least squares, in this order
 _COLS = ("overhead_s", "chunk_overhead_s", "decode_overhead_s", "gemm_per_token_s",
-         "decode_attn_per_ctx_token_s", "prefill_attn_per_pair_s")
+         "decode_attn_per_ctx_token_s", "prefill_attn_per_pair_s", "lone_attn_per_ctx_token_s")
 
 
-def _fit_at(steps: Sequence[Step], k: float, m: float) -> Optional[StepModel]:
-    y = np.array([s[3] for s in steps])
-    w = 1.0 / y
-    base = np.zeros((len(steps), len(_COLS)))
-    lone_dec = np.zeros(len(steps))  # m * max L of a decode batch
-    chunk_read = [[m * (c + p) for p, c in s[0]] for s in steps]
-    pairs = [[p * (c + 0.5 * p) for p, c in s[0]] for s in steps]
+def _design(steps: Sequence[Step]) -> dict:
+    """Per-row arrays the fit reuses for every (k, s)."""
+    n = len(steps)
+    fixed = np.zeros((n, 3))  # o, k_c, k_d
+    tokens = np.zeros(n)
+    ctx = np.zeros(n)  # B * L
+    chunk_p, chunk_row, chunk_pairs, chunk_pass = [], [], [], []
     for i, (chunks, B, L, _t) in enumerate(steps):
-        T = sum(p for p, _ in chunks) + B
-        base[i, 0] = 1.0
-        base[i, 1] = len(chunks)
-        base[i, 2] = 1.0 if B else 0.0
-        base[i, 3] = max(k, T)
-        lone_dec[i] = m * L if B else 0.0
-    a, q = math.inf, math.inf  # first pass: every term in its bandwidth / compute regime
-    active = list(range(len(_COLS)))
-    coef = np.zeros(len(_COLS))
-    for _ in range(8):
-        X = base.copy()
-        known = np.zeros(len(steps))
-        for i, (chunks, B, L, _t) in enumerate(steps):
-            if B:
-                if a * B * L >= lone_dec[i]:
-                    X[i, 4] = B * L
-                else:
-                    known[i] += lone_dec[i]
-            for pr, rd in zip(pairs[i], chunk_read[i]):
-                if q * pr >= rd:
-                    X[i, 5] += pr
-                else:
-                    known[i] += rd
-        while True:
-            sub = X[:, active] * w[:, None]
-            sol, *_ = np.linalg.lstsq(sub, (y - known) * w, rcond=None)
-            if (sol >= 0).all() or len(active) == 1:
-                break
-            active.pop(int(np.argmin(sol)))
-        coef = np.zeros(len(_COLS))
-        coef[active] = np.maximum(sol, 0.0)
-        if abs(coef[4] - a) <= 1e-3 * max(a, 1e-15) and abs(coef[5] - q) <= 1e-3 * max(q, 1e-18):
+        fixed[i] = (1.0, len(chunks), 1.0 if B else 0.0)
+        tokens[i] = sum(p for p, _ in chunks) + B
+        ctx[i] = B * L
+        for p, c in chunks:
+            chunk_p.append(p)
+            chunk_row.append(i)
+            chunk_pairs.append(p * (c + 0.5 * p))
+            chunk_pass.append(c + p)
+    return dict(y=np.array([s[3] for s in steps]), fixed=fixed, tokens=tokens, ctx=ctx,
+                chunk_p=np.array(chunk_p), chunk_row=np.array(chunk_row, dtype=int),
+                chunk_pairs=np.array(chunk_pairs), chunk_pass=np.array(chunk_pass))
+
+
+def _nnls_rel(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares of ``X @ coef ~ y`` on the relative error, non-negative by dropping columns."""
+    w = 1.0 / y
+    active = list(range(X.shape[1]))
+    while True:
+        sol, *_ = np.linalg.lstsq(X[:, active] * w[:, None], np.ones_like(y), rcond=None)
+        if (sol >= 0).all() or len(active) == 1:
             break
-        a, q = float(coef[4]), float(coef[5])
-    vals = dict(zip(_COLS, (float(v) for v in coef)))
-    return StepModel(knee_tokens=float(k), lone_attn_per_ctx_token_s=max(m, vals["decode_attn_per_ctx_token_s"]),
-                     **vals)
+        active.pop(int(np.argmin(sol)))
+    coef = np.zeros(X.shape[1])
+    coef[active] = np.maximum(sol, 0.0)
+    return coef
 
 
-def fit_step_model(runs: Sequence[Sequence[Step]], knees: Sequence[int] = tuple(range(16, 513, 2))) -> StepModel:
-    """The :class:`StepModel` that fits the single-chunk rows of ``runs`` (module docstring)."""
+def _model_times(d: dict, coef: np.ndarray, k: float) -> np.ndarray:
+    """The fitted model's step times (its real ``max`` terms) for the rows of ``d``."""
+    o, kc, kd, g, a, q, m = coef
+    t = d["fixed"] @ np.array([o, kc, kd]) + g * np.maximum(d["tokens"], k) + a * d["ctx"]
+    attn = np.maximum(q * d["chunk_pairs"], m * d["chunk_pass"])
+    np.add.at(t, d["chunk_row"], attn)
+    return t
+
+
+def _fit_at(d: dict, k: float, s: float) -> np.ndarray:
+    n = len(d["y"])
+    X = np.zeros((n, len(_COLS)))
+    X[:, 0:3] = d["fixed"]
+    X[:, 3] = np.maximum(d["tokens"], k)
+    X[:, 4] = d["ctx"]
+    on_pass = d["chunk_p"] <= s
+    np.add.at(X[:, 5], d["chunk_row"][~on_pass], d["chunk_pairs"][~on_pass])
+    np.add.at(X[:, 6], d["chunk_row"][on_pass], d["chunk_pass"][on_pass])
+    return _nnls_rel(X, d["y"])
+
+
+def fit_step_model(runs: Sequence[Sequence[Step]], knees: Sequence[int] = KNEES) -> StepModel:
+    """The :class:`StepModel` that fits the single-chunk / single-decode rows of ``runs`` (module docstring)."""
     steps = [s for run in runs for s in run]
-    m = fit_lone_read(runs)
+    d = _design(steps)
+    thresholds = [0] + sorted({int(p) for p in d["chunk_p"]})
     best, best_rms = None, math.inf
-    for k in knees:
-        model = _fit_at(steps, k, m)
-        if model is None:
-            continue
-        rms = float(np.sqrt(np.mean(errors(model, steps) ** 2)))
-        if rms < best_rms:
-            best, best_rms = model, rms
+    for s in thresholds:
+        for k in knees:
+            coef = _fit_at(d, float(k), float(s))
+            rms = float(np.sqrt(np.mean((_model_times(d, coef, float(k)) / d["y"] - 1.0) ** 2)))
+            if rms < best_rms - 1e-12:
+                best, best_rms = (coef, k), rms
     if best is None:
         raise ValueError("the step-time fit found no model: too few rows")
-    return best
+    coef, k = best
+    return StepModel(knee_tokens=float(k), **dict(zip(_COLS, (float(v) for v in coef))))
 
 
 @dataclass(frozen=True)
@@ -175,16 +175,28 @@ class FitReport:
     card: str
     model: StepModel
     per_run: Dict[str, np.ndarray]  # run file -> relative errors of its rows
-    validation: Optional[np.ndarray]  # relative errors of the held-out steps (H100 only)
+    design_checks: Optional[np.ndarray]  # relative errors of the multi-chunk steps (H100 only)
+
+    @property
+    def all_rows(self) -> np.ndarray:
+        return np.concatenate(list(self.per_run.values()))
 
 
 def fit_card(fixture: dict, card: str) -> FitReport:
-    """Fit ``card`` on all its runs' single-chunk rows; errors per run and on the held-out steps."""
+    """Fit ``card`` on all its runs' rows; errors per run and on the multi-chunk design checks."""
     runs = card_runs(fixture, card)
     model = fit_step_model(runs)
     per_run = {run["file"]: errors(model, steps) for run, steps in zip(fixture["cards"][card], runs)}
-    val = validation_steps(fixture, card)
-    return FitReport(card, model, per_run, errors(model, val) if val else None)
+    dc = design_checks(fixture, card)
+    return FitReport(card, model, per_run, errors(model, dc) if dc else None)
+
+
+def _step_label(chunks, B, L) -> str:
+    parts = [f"{p}+{c}" if c else f"{p}" for p, c in chunks]
+    out = ("chunks " + ", ".join(parts)) if parts else ""
+    if B:
+        out += (" + " if out else "") + f"{B} x {L} decodes"
+    return out
 
 
 def _main(argv: Optional[Sequence[str]] = None) -> int:
@@ -192,6 +204,7 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m ray_geolb.engine.step_fit", description=__doc__.split("\n\n")[0])
     ap.add_argument("--fixture", help="a step-time JSON in the fixture's format (default: the committed one)")
+    ap.add_argument("--brief", action="store_true", help="the constants and the summaries only, not every row")
     args = ap.parse_args(argv)
     fx = load_fixture(args.fixture)
     for card in fx["cards"]:
@@ -203,11 +216,32 @@ def _main(argv: Optional[Sequence[str]] = None) -> int:
               f"{mdl.decode_attn_per_ctx_token_s:.4e}, prefill_attn_per_pair_s={mdl.prefill_attn_per_pair_s:.4e},"
               f"\n             lone_attn_per_ctx_token_s={mdl.lone_attn_per_ctx_token_s:.4e}, "
               f"chunk_overhead_s={mdl.chunk_overhead_s:.4e}, decode_overhead_s={mdl.decode_overhead_s:.4e})")
-        for f, e in rep.per_run.items():
+        print(f"   m / q = {mdl.lone_attn_per_ctx_token_s / mdl.prefill_attn_per_pair_s:.1f} tokens (a chunk with "
+              f"fewer new tokens pays one tile's pass), m / a = "
+              f"{mdl.lone_attn_per_ctx_token_s / mdl.decode_attn_per_ctx_token_s:.2f}")
+        for run, (f, e) in zip(fx["cards"][card], rep.per_run.items()):
             print(f"   {f}: {len(e)} rows, max |error| {np.abs(e).max():.1%}, median {np.median(np.abs(e)):.1%}")
-        if rep.validation is not None:
-            print(f"   held-out multi-chunk steps: {len(rep.validation)}, max |error| "
-                  f"{np.abs(rep.validation).max():.1%}: " + " ".join(f"{x:+.1%}" for x in rep.validation))
+            if args.brief:
+                continue
+            for r, x in zip(run["rows"], e):
+                (chunks, B, L, t) = _row_step(r)
+                print(f"      {_step_label(chunks, B, L):<40} {t * 1e3:9.2f} ms measured "
+                      f"{predict(mdl, (chunks, B, L, t)) * 1e3:9.2f} ms model {x:+6.1%}")
+        allr = rep.all_rows
+        print(f"   all {len(allr)} rows: max |error| {np.abs(allr).max():.1%}, median {np.median(np.abs(allr)):.1%}")
+        if rep.design_checks is not None:
+            dc = design_checks(fx, card)
+            print(f"   design checks (multi-chunk steps, never fitted on, seen while the form was chosen): "
+                  f"{len(dc)}, max |error| {np.abs(rep.design_checks).max():.1%}, median "
+                  f"{np.median(np.abs(rep.design_checks)):.1%}")
+            for s, x in zip(dc, rep.design_checks):
+                chunks = s[0]
+                label = (f"{len(chunks)} x ({chunks[0][0]}+{chunks[0][1]})" if len(set(chunks)) == 1
+                         else ", ".join(f"{p}+{c}" for p, c in chunks))
+                if s[1]:
+                    label += f" + {s[1]} x {s[2]} decodes"
+                print(f"      {label:<40} {s[3] * 1e3:9.2f} ms measured {predict(mdl, s) * 1e3:9.2f} ms model "
+                      f"{x:+6.1%}")
     return 0
 
 
