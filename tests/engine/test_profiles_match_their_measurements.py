@@ -140,6 +140,19 @@ def test_every_profile_cites_its_source_and_is_sane():
         assert p.step_time([(1024, 8192)]) > p.step_time([(1024, 0)]) + 0.002
 
 
+def test_derived_profiles_keep_their_attention_terms():
+    """The A100 and L4 profiles' prefill attention is derived from the H100's first-grid q (1.547 ns, 34.3 %
+    of its bf16 peak), pinned so that a refit of the measured cards does not move the paper-anchored
+    profiles; their short-chunk floor is the decode rate (m = a), as before the measured cards' split."""
+    from ray_geolb.engine.profiles import ATTN_PEAK_FRACTION
+    assert ATTN_PEAK_FRACTION == pytest.approx(0.3427, abs=1e-4)
+    assert get_profile("mistral-7b-a100").step.prefill_attn_per_pair_s == pytest.approx(4.90e-9, rel=1e-3)
+    assert get_profile("llama3.1-8b-l4").step.prefill_attn_per_pair_s == pytest.approx(12.64e-9, rel=1e-3)
+    for name in ("mistral-7b-a100", "llama3.1-8b-l4", "llama3.1-8b-l4-sglang"):
+        st = get_profile(name).step
+        assert st.lone_attn_per_ctx_token_s == st.decode_attn_per_ctx_token_s
+
+
 def test_unknown_profile():
     with pytest.raises(ValueError) as ei:
         get_profile("gpt-5-tpu")
