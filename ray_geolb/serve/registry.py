@@ -19,7 +19,7 @@ ingress actors, where any process of the cluster can read it and then forge any 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from ray_geolb.policy.region.registry_state import SECRET_ENV, RegistryState
 
@@ -50,9 +50,11 @@ def _actor_class():
         def heartbeat_batch(self, items: List[dict]) -> dict:
             return self.state.heartbeat_batch(items)
 
-        def add_regions(self, regions: List[str]) -> List[str]:
-            """A (re)deployment's regions (``RegistryState.add_regions``). Like every method here, any
-            process of the cluster can call it: the cluster is the trust boundary."""
+        def add_regions(self, regions: Union[List[str], Dict[str, int]]) -> List[str]:
+            """A (re)deployment's regions, as names or ``{region: num_replicas}`` (which also registers
+            their replica counts, the ceiling of what their heartbeats may claim:
+            ``RegistryState.add_regions``). Like every method here, any process of the cluster can call
+            it: the cluster is the trust boundary."""
             return self.state.add_regions(regions)
 
         def table(self) -> dict:

@@ -37,6 +37,30 @@ Memory and replies are bounded, whatever heartbeats arrive:
 * **numbers** -- counts at most :data:`MAX_COUNT`, other figures finite and at most :data:`MAX_NUMBER`;
   at most :data:`MAX_BATCH_ITEMS` heartbeats per call, at most 10 error lines of at most
   :data:`MAX_ERROR_CHARS` characters in a reply;
+* **capacity** -- a heartbeat is checked against what the registry knows of its region's size, so that
+  a buggy or stale ingress cannot claim capacity its region does not have and pull a whole region's
+  traffic (the cost selector prices a peer by its available replicas and ``replicas``):
+
+  - a region's **registered** replica count is the ceiling of what its heartbeats may claim. It is
+    registered with ``regions`` as a mapping ``{region: num_replicas}`` (at construction or by
+    :meth:`RegistryState.add_regions`; the latest registration wins, a list of names leaves the counts
+    as they are). A heartbeat claiming more available replicas than that, or a larger
+    ``extra["replicas"]``, is refused (``over_capacity``): refused, not clamped -- its figures are
+    wrong, and its source's last accepted ones stay until they age. The registered count is the one
+    figure no heartbeat can raise. The heartbeats' own ``extra["replicas"]`` cannot serve as the ceiling
+    of available replicas: a stale ingress's figures agree with each other, and holding a source to
+    its siblings' last counts would refuse an honest scale-up until the figures age. So a region
+    without a registered count is not capped (only by :data:`MAX_COUNT`): register the deployment's
+    counts to have it capped;
+  - its **queue figures** are held to sane bounds that scale with ``max(1, R)``, ``R`` the region's
+    replica count as far as the registry knows it (:meth:`RegistryState.replica_ceiling`: the
+    registered count, else the largest ``extra["replicas"]`` this heartbeat and the region's fresh
+    sources report): ``queue_len`` at most ``max_queue_per_replica`` (10,000; an ingress queues at most
+    ``max_queue``, 256 by default) per replica, ``extra["inflight"]`` at most
+    ``max_inflight_per_replica`` (10,000) per replica, and ``extra["queued_tokens"]`` at most
+    ``max_tokens_per_request`` (2,000,000, above any model's context) for each request those two allow.
+    More is refused (``queue_out_of_bounds``). With ``R`` unknown (no count registered or reported)
+    they are not checked: there is nothing to scale them by;
 * **the table** -- so every reply is at most :meth:`RegistryState.table_bound_bytes` bytes of JSON:
   ``n * (PER_REGION_BYTES + max_summary_bytes + n * PER_RTT_BYTES) + FIXED_BYTES`` for ``n`` regions
   (the configured ones, else ``max_regions``): 67,121 bytes for three regions and the default 16 KB
@@ -68,7 +92,7 @@ import json
 import logging
 import math
 import time
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 from pydantic import ValidationError
 
@@ -85,6 +109,7 @@ from ray_geolb.policy.region.heartbeat import (
     number_adapter,
     region_name_adapter,
     show,
+    show_num,
     validate_extra,
 )
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
@@ -120,7 +145,7 @@ MAX_ERRORS = 10
 MAX_ERROR_CHARS = 300
 #: why a heartbeat was refused (``HeartbeatRefused.code``; a reply's ``refused`` counts them by code)
 REFUSAL_CODES = ("bad_name", "unknown_region", "registry_full", "sources_full", "unauthenticated", "malformed",
-                 "batch_too_large")
+                 "batch_too_large", "over_capacity", "queue_out_of_bounds")
 #: the table's JSON size bound (``RegistryState.table_bound_bytes``), per part, for names and numbers at
 #: their bounds. A region's entry: its name (64 + 4) and four figures (~110), and up to 16 extras of a
 #: 64-character name and a number (16 * 93); one measured RTT (a peer's name + a number, 64 + 4 + 24);
@@ -191,6 +216,11 @@ def _finite_nonneg(x, what):
         raise ValueError(first_error(e, what, fields=0)[1]) from None
 
 
+def _num(x) -> str:
+    """A figure as an error line shows it: an integer whole, a float in 6 digits."""
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
 def _clip(msg: str) -> str:
     """An error line as a reply carries it: ASCII (escapes for the rest), at most MAX_ERROR_CHARS."""
     return ascii(msg[: MAX_ERROR_CHARS])[1:-1][: MAX_ERROR_CHARS]
@@ -210,14 +240,23 @@ class RegistryState:
         max_summary_bytes: int = 16 * 1024,
         clock: Callable[[], float] = time.monotonic,
         secret: Optional[str] = None,
-        regions: Optional[Iterable[str]] = None,
+        regions: Union[None, Iterable[str], Mapping[str, int]] = None,
+        max_queue_per_replica: int = 10_000,
+        max_inflight_per_replica: int = 10_000,
+        max_tokens_per_request: int = 2_000_000,
     ):
         """``regions``: the deployment's regions (``app.py`` passes them); a heartbeat from any other
-        region is refused. None: any well-formed region name, at most ``max_regions`` of them.
-        ``secret``: see :data:`SECRET_ENV` (a guard against accidents, not security)."""
+        region is refused. None: any well-formed region name, at most ``max_regions`` of them. A mapping
+        ``{region: num_replicas}`` also registers each region's replica count, the ceiling of the
+        available replicas its heartbeats may claim (module docstring, "capacity").
+        ``max_queue_per_replica`` / ``max_inflight_per_replica`` / ``max_tokens_per_request``: the queue
+        figures' bounds (same place). ``secret``: see :data:`SECRET_ENV` (a guard against accidents, not
+        security)."""
         for name, v in (("max_regions", max_regions), ("max_sources_per_region", max_sources_per_region),
                         ("max_snapshot_nodes", max_snapshot_nodes), ("max_snapshot_rows", max_snapshot_rows),
-                        ("max_summary_bytes", max_summary_bytes)):
+                        ("max_summary_bytes", max_summary_bytes), ("max_queue_per_replica", max_queue_per_replica),
+                        ("max_inflight_per_replica", max_inflight_per_replica),
+                        ("max_tokens_per_request", max_tokens_per_request)):
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         _finite_nonneg(fresh_s, "fresh_s")
@@ -227,6 +266,9 @@ class RegistryState:
         self.fresh_s = float(fresh_s)
         self.drop_after_s = float(drop_after_s)
         self.max_snapshot_nodes = max_snapshot_nodes
+        self.max_queue_per_replica = max_queue_per_replica
+        self.max_inflight_per_replica = max_inflight_per_replica
+        self.max_tokens_per_request = max_tokens_per_request
         if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
             raise ValueError("the registry secret must be a string of at least 16 characters")
         self._secret = secret.encode() if secret else None
@@ -238,6 +280,8 @@ class RegistryState:
         self.max_summary_bytes = max_summary_bytes
         self._summaries: Dict[str, Dict[str, tuple]] = {}  # region -> source -> (wire dict, time)
         self.regions: Optional[frozenset] = None
+        #: region -> its registered replica count (``regions`` given as a mapping): the capacity ceiling
+        self.replicas_registered: Dict[str, int] = {}
         if regions is not None:
             self.add_regions(regions)
         self.started_at = clock()
@@ -246,15 +290,26 @@ class RegistryState:
         self.unauthenticated = 0
         self.refused: Dict[str, int] = {}  # code -> heartbeats refused for it (HeartbeatRefused)
 
-    def add_regions(self, regions: Iterable[str]) -> List[str]:
+    def add_regions(self, regions: Union[Iterable[str], Mapping[str, int]]) -> List[str]:
         """Add the deployment's regions to the ones this registry serves (a redeployment may add some;
         the list only grows, and regions nobody hears from are forgotten after ``drop_after_s`` anyway).
         On a registry without a list (any name) this sets it: regions it holds that are not listed are
-        forgotten. Returns the list now served. Raises ValueError for a bad name or more than
-        ``max_regions`` regions."""
+        forgotten. A mapping ``{region: num_replicas}`` also (re)registers those regions' replica counts
+        (the latest registration wins; a list of names leaves registered counts as they are). Returns the
+        list now served. Raises ValueError for a bad name, a count that is not an integer in
+        [1, :data:`MAX_COUNT`], or more than ``max_regions`` regions; it changes nothing then."""
         if isinstance(regions, str) or not isinstance(regions, Iterable):
-            raise ValueError(f"regions must be a list of region names, got {type(regions).__name__}")
+            raise ValueError(f"regions must be a list of region names or a dict {{region: num_replicas}}, "
+                             f"got {type(regions).__name__}")
         names = [validate_region_name(r, "regions[]") for r in regions]
+        counts: Dict[str, int] = {}
+        if isinstance(regions, Mapping):
+            for r in names:
+                n = regions[r]
+                if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_COUNT:
+                    raise ValueError(f"regions[{r!r}]: num_replicas must be an integer in [1, {MAX_COUNT}], "
+                                     f"got {show_num(n)}")
+                counts[r] = n
         merged = set(self.regions or ()) | set(names)
         if not merged:
             raise ValueError("regions must name at least one region (or be None: any region)")
@@ -262,6 +317,7 @@ class RegistryState:
             raise ValueError(f"regions: {len(merged)} regions; this registry holds at most max_regions="
                              f"{self.max_regions}")
         self.regions = frozenset(merged)
+        self.replicas_registered.update(counts)
         for r in [r for r in self._sources if r not in self.regions]:
             self._forget(r)
         return sorted(self.regions)
@@ -369,6 +425,7 @@ class RegistryState:
             raise HeartbeatRefused(*first_error(e, "heartbeat")) from None
         region, source, delay = hb.region, hb.source or hb.region, hb.delay_s
         avail, qlen, clean_rtts, extra = hb.available_replicas, hb.queue_len, hb.rtts, hb.extra
+        self._check_capacity(hb, source, now)
         # the RTTs the model left out (to a bad name, or a region this registry does not serve), named below
         dropped = [p for p in (item.get("rtts") or ()) if p != region and p not in clean_rtts]
         # room: a full registry refuses a new region or source; it never evicts a live one
@@ -399,6 +456,50 @@ class RegistryState:
             notes.append(_clip(f"heartbeat.rtts from {source!r}: {len(dropped)} peer(s) dropped (not a known "
                                f"region name), e.g. {show(dropped[0])}"))
         return region, source, notes
+
+    def replica_ceiling(self, region: str, reported: Optional[float] = None,
+                        now: Optional[float] = None) -> Tuple[Optional[float], str]:
+        """``(R, where from)``: how many replicas ``region`` has, as far as this registry knows (module
+        docstring, "capacity") -- its registered count (``"registered"``); else the largest
+        ``extra["replicas"]`` among ``reported`` (a heartbeat's own, about to be applied) and the region's
+        fresh sources (``"reported"``); else ``(None, "unknown")``. Only a registered count caps the
+        available replicas a heartbeat may claim; either scales the queue figures' bounds."""
+        if region in self.replicas_registered:
+            return self.replicas_registered[region], "registered"
+        now = self._clock() if now is None else now
+        seen = [v["extra"]["replicas"] for v in self._sources.get(region, {}).values()
+                if now - v["t"] <= self.fresh_s and "replicas" in (v.get("extra") or {})]
+        if reported is not None:
+            seen.append(reported)
+        return (max(seen), "reported") if seen else (None, "unknown")
+
+    def _check_capacity(self, hb: Heartbeat, source: str, now: float) -> None:
+        """Refuse (:class:`HeartbeatRefused`) a heartbeat claiming more than its region has: more
+        available replicas or ``replicas`` than its registered count ``over_capacity``, queue figures
+        past their bounds ``queue_out_of_bounds`` (module docstring, "capacity"). Changes nothing."""
+        region, extra = hb.region, hb.extra
+        reported = extra.get("replicas")
+        ceiling, origin = self.replica_ceiling(region, reported, now)
+        if ceiling is None:
+            return
+        known = (f"{_num(ceiling)} replica(s) of region {region!r}, "
+                 + ("its registered count" if origin == "registered" else "the most its sources report"))
+        who = f"heartbeat from {source!r}"
+        if origin == "registered":
+            for field, value in (("available_replicas", hb.available_replicas), ("extra['replicas']", reported)):
+                if value is not None and value > ceiling:
+                    raise HeartbeatRefused("over_capacity", f"{who}: {field}={_num(value)} exceeds the {known}")
+        r = max(1, ceiling)
+        per_request = self.max_queue_per_replica + self.max_inflight_per_replica
+        bounds = (("queue_len", hb.queue_len, self.max_queue_per_replica * r, "max_queue_per_replica"),
+                  ("extra['inflight']", extra.get("inflight"), self.max_inflight_per_replica * r,
+                   "max_inflight_per_replica"),
+                  ("extra['queued_tokens']", extra.get("queued_tokens"), self.max_tokens_per_request * per_request * r,
+                   "max_tokens_per_request x (max_queue_per_replica + max_inflight_per_replica)"))
+        for field, value, bound, rule in bounds:
+            if value is not None and value > bound:
+                raise HeartbeatRefused("queue_out_of_bounds", f"{who}: {field}={_num(value)} exceeds {_num(bound)}: "
+                                                              f"{rule} x max(1, the {known})")
 
     def _apply_summary(self, region: str, source: str, wire, now: float) -> Optional[str]:
         """Store a source's prefix summary (the rest of the heartbeat applies whatever happens here)."""
@@ -477,6 +578,7 @@ class RegistryState:
             "unauthenticated": self.unauthenticated,
             "refused": dict(self.refused),
             "regions_configured": None if self.regions is None else sorted(self.regions),
+            "replicas_registered": dict(self.replicas_registered),
             "table_bound_bytes": self.table_bound_bytes(),
             "uptime_s": self._clock() - self.started_at,
         }
