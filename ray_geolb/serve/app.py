@@ -8,7 +8,8 @@ Each application is
   ``build_llm_deployment`` (layer 2: a replica of this region, picked by its request router).
 
 Per region, the ``LLMConfig`` is copied and given: the region's replica count (unless it autoscales),
-``ray_actor_options.label_selector`` on ``ray.io/availability-region`` (``pin_to_region``), the
+``ray_actor_options.label_selector`` on ``ray.io/availability-region`` (``pin_to_region``; every bundle of
+each replica's placement group is pinned there too: :func:`bundles_pinned_to_region`), the
 request router (``router="geo"``: :class:`~ray_geolb.serve.router.GeoPrefixRouter` with ``policy`` and
 the region; ``"pow2"``: Ray's default power-of-two, region-local; ``"ray_prefix"``: Ray's
 PrefixCacheAffinityRouter, region-local), the region in ``experimental_configs["geolb"]``, and -- if
@@ -241,13 +242,14 @@ def _one_app(region: str, regions: Dict[str, int], llm_config: Any, *, router: s
                             router_kwargs=router_kwargs, stats_period_s=stats_period_s, pin_to_region=pin_to_region)
     return _bind_app(region, regions, cfg, f"{app_prefix}{region}", f"/{region}", router=router, policy=policy,
                      lat=lat, ingress=ingress, registry=registry, app_prefix=app_prefix,
-                     ingress_replicas=ingress_replicas, pin_ingress=pin_to_region)
+                     ingress_replicas=ingress_replicas, pin_ingress=pin_to_region, pin_model=pin_to_region)
 
 
 def _bind_app(region: str, regions: Dict[str, int], cfg: Any, name: str, route_prefix: str, *, router: str,
               policy: Any, lat, ingress, registry, app_prefix: str, ingress_replicas: int,
-              pin_ingress: bool) -> RegionApp:
-    """A region ingress in ``region`` bound in front of the model deployment of LLMConfig ``cfg``."""
+              pin_ingress: bool, pin_model: bool) -> RegionApp:
+    """A region ingress in ``region`` bound in front of the model deployment of LLMConfig ``cfg``
+    (``pin_model``: its replicas' placement groups pinned to ``region`` too)."""
     from ray.serve.llm import build_llm_deployment
 
     length = model_len(cfg)
@@ -257,7 +259,29 @@ def _bind_app(region: str, regions: Dict[str, int], cfg: Any, name: str, route_p
     if pin_ingress:
         actor_opts["label_selector"] = {REGION_LABEL: region}
     ing = RegionIngress.options(name=INGRESS_DEPLOYMENT, num_replicas=ingress_replicas, ray_actor_options=actor_opts)
-    return RegionApp(region, name, route_prefix, ing.bind(build_llm_deployment(cfg), icfg), router, icfg)
+    pinned = bundles_pinned_to_region(cfg, region) if pin_model else None
+    model = build_llm_deployment(cfg, override_serve_options=pinned)
+    return RegionApp(region, name, route_prefix, ing.bind(model, icfg), router, icfg)
+
+
+def bundles_pinned_to_region(cfg: Any, region: str) -> Optional[Dict[str, Any]]:
+    """The deployment option that pins every bundle of every LLM replica's placement group to ``region``
+    (``placement_group_bundle_label_selector``), or None when the server asks for no placement group.
+
+    Ray Serve LLM places each LLM replica (its actor and the engine's workers) in a placement group
+    built from ``placement_group_config`` (``LLMServer.get_deployment_options``). The replica actor's
+    ``label_selector`` does not move that group: without this, the group of a region's replica can be
+    reserved on another region's node, where the pinned actor can never be placed, and the replica is
+    never scheduled (or its engine runs in the wrong region). A user's own bundle selectors are kept,
+    with the region label added to each."""
+    from ray.llm._internal.serve.core.server.llm_server import LLMServer
+
+    opts = (cfg.server_cls or LLMServer).get_deployment_options(cfg)
+    bundles = opts.get("placement_group_bundles")
+    if not bundles:
+        return None
+    selectors = list(opts.get("placement_group_bundle_label_selector") or [{}])
+    return {"placement_group_bundle_label_selector": [{**(s or {}), REGION_LABEL: region} for s in selectors]}
 
 
 def build_region_apps(
@@ -387,12 +411,14 @@ def build_central_app(
     cfg = cfg.model_copy(update={"experimental_configs": ex})
     return _bind_app(home, {home: len(slots)}, cfg, f"{app_prefix}central", "/central", router=router, policy=None,
                      lat=lat, ingress=ingress, registry=False, app_prefix=app_prefix, ingress_replicas=1,
-                     pin_ingress=True)
+                     pin_ingress=True, pin_model=False)
 
 
-def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
+def deploy_region_apps(apps: List[RegionApp], timeout_s: Optional[float] = None) -> Dict[str, Any]:
     """Deploy every region app in one ``serve.run_many`` (peers come up together; peer handles are
-    resolved lazily anyway). Returns region -> ingress handle."""
+    resolved lazily anyway). Returns region -> ingress handle. ``timeout_s``: raise ``TimeoutError``
+    naming every app not running by then, with Serve's own message (a replica that cannot be scheduled
+    says so there); None waits as long as Serve does (for good)."""
     # Create the registry actor from here first (it lands on this driver's node -- the head, i.e. the
     # home region -- unless told otherwise), so the ingresses' first heartbeats find it ready. One that
     # already existed (an earlier deployment) keeps its region list: this deployment's regions are added.
@@ -416,8 +442,32 @@ def deploy_region_apps(apps: List[RegionApp]) -> Dict[str, Any]:
         if listed[key]:
             ray.get(actor.add_regions.remote(sorted(listed[key])), timeout=60)
     targets = [RunTarget(target=a.app, name=a.name, route_prefix=a.route_prefix) for a in apps]
-    handles = serve.run_many(targets)
+    handles = serve.run_many(targets, wait_for_applications_running=timeout_s is None)
+    if timeout_s is not None:
+        _wait_running([a.name for a in apps], timeout_s)
     return {a.region: h for a, h in zip(apps, handles)}
+
+
+def _wait_running(names: List[str], timeout_s: float) -> None:
+    import time
+
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        apps = serve.status().applications
+        states = {n: apps[n] if n in apps else None for n in names}
+        failed = {n: a.message for n, a in states.items() if a is not None and "FAILED" in str(a.status)}
+        if failed:
+            raise RuntimeError(f"region apps failed to deploy: {failed}")
+        if all(a is not None and str(a.status).endswith("RUNNING") for a in states.values()):
+            return
+        if time.monotonic() > deadline:
+            waiting = {n: (str(a.status), a.message, {d: s.message for d, s in a.deployments.items() if s.message})
+                       if a is not None else "missing" for n, a in states.items()
+                       if a is None or not str(a.status).endswith("RUNNING")}
+            raise TimeoutError(f"region apps not running after {timeout_s:g} s: {waiting}")
+        time.sleep(1.0)
 
 
 def model_replica_actors(app_names: List[str]) -> Dict[str, Any]:
