@@ -44,9 +44,14 @@ _CAPACITY: Dict[int, Dict[str, Any]] = {}
 #: TTFT samples kept between two reports (oldest dropped beyond)
 TTFT_SAMPLES_KEPT = 256
 _TTFT: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_KEPT)
+#: the same samples, ``[uncached_prompt_tokens, ttft_s, e2e_s]``, kept for the operator's view
+#: (``GeoVLLMServer.engine_report``) and not consumed by reports
+_TTFT_SEEN: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_KEPT)
 #: cumulative step work of this process's engines (``engine_work``; see :func:`add_iteration_work`)
 _WORK: Dict[str, float] = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "busy_s": 0.0, "prefill_pairs": 0.0}
 _LAST_ITER: Dict[int, tuple] = {}  # engine index -> (iteration timestamp, it had requests running)
+#: cumulative prefix-cache lookups of this process's engines, in tokens (vLLM's ``PrefixCacheStats``)
+_CACHE: Dict[str, int] = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
 #: a gap between two iterations longer than this is not counted as busy time (the engine idled)
 MAX_ITERATION_GAP_S = 1.0
 
@@ -73,6 +78,8 @@ def latest_stats() -> Dict[str, Any]:
         out["timestamp"] = ts
         if _WORK["steps"]:
             out["engine_work"] = dict(_WORK)
+        if _CACHE["prefix_cache_queries"]:
+            out.update(_CACHE)
         return out
 
 
@@ -101,8 +108,10 @@ def reset_stats() -> None:
         _LATEST.clear()
         _CAPACITY.clear()
         _TTFT.clear()
+        _TTFT_SEEN.clear()
         _LAST_ITER.clear()
         _WORK.update(steps=0, prefill_tokens=0, decode_tokens=0, busy_s=0.0, prefill_pairs=0.0)
+        _CACHE.update(prefix_cache_queries=0, prefix_cache_hits=0)
 
 
 def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx: int = 0) -> bool:
@@ -113,7 +122,8 @@ def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx:
     ``num_generation_tokens`` minus the first tokens (``time_to_first_tokens_iter``, one per request
     that finished prefill) as decode tokens, and as busy time the gap since this engine's previous
     iteration when that one had requests running (``SchedulerStats.num_running_reqs``) and the gap is
-    under :data:`MAX_ITERATION_GAP_S`. Approximate per iteration; a router fits over many of them.
+    under :data:`MAX_ITERATION_GAP_S` -- or, for an iteration that woke an idle engine, its shortest time
+    to first token (:func:`_after_idle_s`). Approximate per iteration; a router fits over many of them.
     False (nothing added) when the stats lack these fields.
 
     ``prefill_pairs`` (the prefill-attention work GeoPrefix prices the cached context with): a request
@@ -146,14 +156,37 @@ def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx:
     with _LOCK:
         prev = _LAST_ITER.get(engine_idx)
         _LAST_ITER[engine_idx] = (ts, bool(running))
-        if prev is None or not prev[1] or not 0.0 < ts - prev[0] <= MAX_ITERATION_GAP_S:
-            return False  # the first iteration, or one after an idle gap: its duration is unknown
+        if prev is not None and prev[1] and 0.0 < ts - prev[0] <= MAX_ITERATION_GAP_S:
+            busy = ts - prev[0]
+        else:  # the first iteration, or one after an idle gap: see _after_idle_s
+            busy = _after_idle_s(iteration_stats, prefill, firsts)
+            if busy is None:
+                return False
         _WORK["steps"] += 1
         _WORK["prefill_tokens"] += prefill
         _WORK["decode_tokens"] += max(0, gen - firsts)
-        _WORK["busy_s"] += ts - prev[0]
+        _WORK["busy_s"] += busy
         _WORK["prefill_pairs"] += pairs
     return True
+
+
+def _after_idle_s(iteration_stats: Any, prefill: int, firsts: int) -> Optional[float]:
+    """The duration of an iteration that started on an idle engine, or None when it is unknown.
+
+    Every request that got its first token in such an iteration had arrived before the iteration began
+    (an idle engine schedules what it has at once, and a request arriving during a step waits for the
+    next one), so the iteration lasted at most its shortest time to first token, and about that long
+    (the frontend's IPC is a few ms). An iteration with no first token (a decode, or a chunk of a longer
+    prefill) is left out. Without this, every prefill on a lightly loaded engine -- the one that wakes
+    it -- was dropped from ``engine_work``, and t_p was fitted on busy engines only (found by the
+    real-engine test: a replica serving one request at a time reported almost no prefill)."""
+    if prefill <= 0 or firsts <= 0:
+        return None
+    try:
+        ttft = min(float(x) for x in iteration_stats.time_to_first_tokens_iter)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return ttft if 0.0 < ttft <= MAX_ITERATION_GAP_S else None
 
 
 def take_ttft_samples() -> List[List[float]]:
@@ -220,14 +253,24 @@ class GeoStatLogger(StatLoggerBase):
     def record(self, scheduler_stats=None, iteration_stats=None, mm_cache_stats=None, engine_idx: int = 0):
         finished = getattr(iteration_stats, "finished_requests", None) if iteration_stats is not None else None
         if finished:
-            samples = [x for x in map(ttft_sample, finished) if x is not None]
-            if samples:
+            pairs = [(x, fr) for x, fr in ((ttft_sample(fr), fr) for fr in finished) if x is not None]
+            if pairs:
                 with _LOCK:
-                    _TTFT.extend(samples)
+                    _TTFT.extend(x for x, _ in pairs)
+                    _TTFT_SEEN.extend([*x, float(getattr(fr, "e2e_latency", 0.0) or 0.0)] for x, fr in pairs)
         if iteration_stats is not None:
             add_iteration_work(iteration_stats, getattr(scheduler_stats, "num_running_reqs", None), engine_idx)
         if scheduler_stats is None:
             return
+        pcs = getattr(scheduler_stats, "prefix_cache_stats", None)
+        try:
+            q, h = int(pcs.queries), int(pcs.hits)
+        except (AttributeError, TypeError, ValueError):
+            q = h = 0
+        if 0 <= h <= q:
+            with _LOCK:
+                _CACHE["prefix_cache_queries"] += q
+                _CACHE["prefix_cache_hits"] += h
         try:
             s = {
                 "num_waiting": int(scheduler_stats.num_waiting_reqs),
@@ -303,6 +346,17 @@ def _build_server():
             if samples:
                 out["ttft_samples"] = samples
             return out
+
+        async def engine_report(self) -> Dict[str, Any]:
+            """What this replica's engine reported, for an operator or a test to hold against the router's
+            view (outside the routing path; nothing is consumed): the latest stats and the last TTFT
+            samples as ``[uncached_prompt_tokens, ttft_s, e2e_s]``."""
+            import ray
+
+            with _LOCK:
+                seen = [list(x) for x in _TTFT_SEEN]
+            return {"stats": latest_stats(), "active": self._geo_active, "ttft_samples_seen": seen,
+                    "node_labels": dict(ray.get_runtime_context().get_node_labels())}
 
         def record_replica_metadata(self) -> dict:
             o = (self._llm_config.experimental_configs or {}).get(REGION_OPTIONS_KEY) or {}

@@ -47,7 +47,7 @@ def test_prefill_pairs_from_vllm_iteration_stats():
     lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
     run = SchedulerStats(num_running_reqs=3, num_waiting_reqs=0, kv_cache_usage=0.2)
     t0 = time.time()
-    lg.record(run, _iteration(t0, decodes=2))  # the first iteration: its duration is unknown, not counted
+    lg.record(run, _iteration(t0, decodes=2))  # the first iteration, no first token: its duration is unknown
     assert sp.latest_stats().get("engine_work") is None
     # one request: 2,048 computed after 24,576 cached -> exactly 2048 * (24576 + 1024) pairs
     it = _iteration(t0 + 0.05, prefills=[(26_624, 24_576)], decodes=2)
@@ -74,13 +74,20 @@ def test_prefill_pairs_from_vllm_iteration_stats():
     assert sp.latest_stats() == {}
 
 
-def test_an_idle_gap_counts_neither_time_nor_pairs():
+def test_an_iteration_that_wakes_an_idle_engine_lasts_its_shortest_time_to_first_token():
     sp.reset_stats()
     t0 = time.time()
-    assert not sp.add_iteration_work(_iteration(t0, prefills=[(1000, 0)]), running=1)
+    # the first iteration: its requests arrived 0.1 s before it ended (``_iteration``), so it took 0.1 s
+    assert sp.add_iteration_work(_iteration(t0, prefills=[(1000, 0)]), running=1)
+    assert sp._WORK["busy_s"] == pytest.approx(0.1) and sp._WORK["prefill_tokens"] == 1000
     assert sp.add_iteration_work(_iteration(t0 + 0.04, prefills=[(1000, 500)]), running=0)
-    assert sp._WORK["prefill_pairs"] == pytest.approx(500 * (500 + 250))
-    # the previous iteration left nothing running: the next one's duration (and work) is not counted
-    assert not sp.add_iteration_work(_iteration(t0 + 5.0, prefills=[(9000, 0)]), running=1)
-    assert sp._WORK["prefill_pairs"] == pytest.approx(500 * (500 + 250))
+    assert sp._WORK["busy_s"] == pytest.approx(0.14)
+    # the previous iteration left nothing running: the gap is idle time, the prefill that wakes the engine
+    # is counted with its own time to first token
+    assert sp.add_iteration_work(_iteration(t0 + 5.0, prefills=[(9000, 0)]), running=1)
+    assert sp._WORK["busy_s"] == pytest.approx(0.24) and sp._WORK["prefill_tokens"] == 1000 + 500 + 9000
+    # a decode-only iteration after an idle gap has no first token to time it: not counted
+    sp.add_iteration_work(_iteration(t0 + 5.1, decodes=1), running=0)
+    assert not sp.add_iteration_work(_iteration(t0 + 9.0, decodes=1), running=1)
+    assert sp._WORK["steps"] == 4
     sp.reset_stats()
