@@ -5,6 +5,8 @@
 * ``plan``      — the capacity planner: GPUs per region at a latency SLO, per routing system (simulated).
 * ``goodput``   — SLO goodput: the largest load each system serves within the SLO, and attainment.
 * ``policies``  — a quick, Ray-free look at the policy core: every policy on one small workload.
+* ``tiny-model`` — write a tiny random-weight Llama for real vLLM engines on CPU (no download).
+* ``cpu-profile`` — measure a real vLLM CPU engine's step times and fit the engine model's profile to them.
 
 Every package these commands import is a declared dependency (core, or the ``demo`` extra the
 README installs). If one is missing anyway (a partial install), the command stops with a one-line
@@ -22,6 +24,7 @@ _PROVIDERS = {
     "xxhash": "xxhash", "numpy": "numpy", "pydantic": "pydantic", "ray": "ray[serve]==2.60.*",
     "fastapi": "fastapi<0.137", "httpx": "ray_geolb[demo]", "matplotlib": "ray_geolb[demo]",
     "tqdm": "ray_geolb[demo]", "vllm": "ray_geolb[demo]", "pyarrow": "ray_geolb[demo]",
+    "transformers": "ray_geolb[vllm-cpu]", "tokenizers": "ray_geolb[vllm-cpu]", "torch": "ray_geolb[vllm-cpu]",
 }
 
 
@@ -48,6 +51,12 @@ def _build_parser() -> argparse.ArgumentParser:
 
     add_plan_parser(sub)
     add_goodput_parser(sub)
+
+    from ray_geolb.vllm_cpu.step_profile import add_parser as add_cpu_profile_parser
+    from ray_geolb.vllm_cpu.tiny_model import add_parser as add_tiny_model_parser
+
+    add_tiny_model_parser(sub)
+    add_cpu_profile_parser(sub)
 
     pol = sub.add_parser("policies", help="compare every policy on a small synthetic workload (no Ray)")
     pol.add_argument("--requests", type=int, default=2000)
