@@ -23,11 +23,12 @@ EMULATED_SERVER = "ray_geolb.serve.llm_server:EmulatedLLMServer"
 
 
 @contextlib.contextmanager
-def region_cluster(regions, prefix: str, namespace: str, metrics_port=None):
+def region_cluster(regions, prefix: str, namespace: str, metrics_port=None, num_cpus: int = 1):
     """Start the cluster and Serve (one proxy, on the head); yields ``(base_url, port)``. With
-    ``metrics_port``, the head node (the first region) serves Prometheus metrics there."""
+    ``metrics_port``, the head node (the first region) serves Prometheus metrics there. ``num_cpus``:
+    logical CPUs per region node (a real vLLM replica takes 2)."""
     cluster = start_region_cluster(list(regions), ray_temp_dir(prefix), namespace=namespace,
-                                   metrics_export_port=metrics_port)
+                                   metrics_export_port=metrics_port, num_cpus=num_cpus)
     try:
         port = free_port()
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
