@@ -75,7 +75,7 @@ def design_checks(fixture: dict, card: str = "h100-sxm") -> List[Step]:
     """The multi-chunk steps of ``card``: never fitted on, seen while the form was chosen."""
     out: List[Step] = []
     for run in fixture["cards"][card]:
-        for v in run.get("design_checks", ()):
+        for v in run.get("design_checks", run.get("validation", ())):  # "validation": the older name
             out.append((tuple((int(p), int(c)) for p, c in v["chunks"]), int(v["B"]), int(v["L"]),
                         float(v["median_s"])))
     return out
