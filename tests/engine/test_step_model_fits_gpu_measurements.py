@@ -203,3 +203,14 @@ def test_small_batches_cost_the_weight_read_and_constants_are_checked():
     assert step.time([(4096, 0)]) > 1.9 * step.time([(2048, 0)])
     with pytest.raises(ValueError, match="knee_tokens"):
         StepModel(1e-3, 2e-5, -1, 4e-8, 1.5e-9, 9e-8)
+
+
+def test_the_fit_never_makes_a_long_chunk_a_tile_pass():
+    """On the first grids alone (no short chunk over a long context) nothing identifies m; the fit must not
+    invent it by pricing 512-token chunks as a tile's pass (m / q stays within the largest query tile)."""
+    from ray_geolb.engine.step_fit import MAX_TILE_TOKENS, fit_step_model
+
+    first = card_runs(FIXTURE, "h100-sxm")[:2]
+    model = fit_step_model(first)
+    assert model.lone_attn_per_ctx_token_s <= MAX_TILE_TOKENS * model.prefill_attn_per_pair_s
+    assert np.abs(errors(model, [s for run in first for s in run])).max() < 0.10
