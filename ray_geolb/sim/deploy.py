@@ -58,7 +58,7 @@ the issue-5 systems, each with its paper's intended deployment:
 * ``geoprefix`` — ours: per-region LBs, ``geoprefix`` local policy, ``cost`` selector with
   ``GEOPREFIX_COST`` (remote queue included; ``REGION_LAYER.peer_selectors["geoprefix"]``, as the
   Serve app's default); ``geoprefix-steal`` the same with cross-region work stealing on,
-  ``geoprefix-strict`` with SkyLB's strict SP-P (GeoPrefix before issue 28), ``geoprefix-cap`` with
+  ``geoprefix-strict`` with SkyLB's strict SP-P (GeoPrefix before its pending allowance), ``geoprefix-cap`` with
   SP-P's unreported-work cap (``AvailabilityConfig.prefill_budget_reports``);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
@@ -282,7 +282,7 @@ register_system("geoprefix-steal", "per-region", "geoprefix",
                 two_layer={"steal": {"enabled": True}})
 register_system("geoprefix-strict", "per-region",
                 {"name": "geoprefix", "availability": {"pending_allowance": 0}},
-                "GeoPrefix with SkyLB's strict SP-P (nothing waiting): GeoPrefix before issue 28")
+                "GeoPrefix with SkyLB's strict SP-P (nothing waiting): GeoPrefix before its pending allowance")
 register_system("geoprefix-cap", "per-region", {"name": "geoprefix", "availability": {"prefill_budget_reports": 2}},
                 "GeoPrefix with SP-P's unreported-work cap: 2 report intervals of prefill per replica")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")

@@ -1,4 +1,4 @@
-"""Issue 26 item 3: GeoPrefix prices a residual prefill's attention over the cached context.
+"""GeoPrefix prices a residual prefill's attention over the cached context.
 
 R uncached tokens after a prefix hit of c cost ``t_p·R + q·R·(c + R/2)`` (engine/step_model.py: a chunk of
 P new tokens after c computed ones attends to ``P·(c + P/2)`` pairs). ``q`` is learned online with ``t_p`` from

@@ -1,4 +1,4 @@
-"""Issue 26 item 3: the vLLM stat-logger path reports ``engine_work.prefill_pairs`` (no Ray started).
+"""The vLLM stat-logger path reports ``engine_work.prefill_pairs`` (no Ray started).
 
 Real vLLM 0.29 objects: an ``IterationStats`` filled by its own ``update_from_output`` from
 ``EngineCoreOutput``s that carry the scheduler's per-request ``PrefillStats`` (as the output processor does

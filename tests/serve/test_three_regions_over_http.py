@@ -251,7 +251,7 @@ HOSTILE_BOUND_S = 5.0
 
 
 def test_hostile_bodies_get_a_typed_4xx_within_a_bound_and_output_never_exceeds_the_limit(geo):
-    """Issue 24's bodies against the real us ingress: both token fields, n, a lone surrogate in
+    """Hostile and edge-case bodies against the real us ingress: both token fields, n, a lone surrogate in
     ``model``, a 5,000-digit integer, and a 50 MB body with and without Content-Length each get a
     typed JSON 4xx within HOSTILE_BOUND_S; a body whose limit sits in ``max_completion_tokens`` gets
     exactly that many tokens, streamed or not."""

@@ -1,4 +1,4 @@
-"""Where the lost requests' time went (sim/attribution.py, issue 28 step 0): each completed request's TTFT
+"""Where the lost requests' time went (sim/attribution.py): each completed request's TTFT
 splits into LB wait, network, engine queue, prefill and the rest; a lost request is one over the SLO."""
 
 from __future__ import annotations

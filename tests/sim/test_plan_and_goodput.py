@@ -1,4 +1,4 @@
-"""The open-loop diurnal demand, SLO goodput and the capacity planner (issue 27 items 1-4): small cases,
+"""The open-loop diurnal demand, SLO goodput and the capacity planner: small cases,
 determinism across parallelism, monotonicity in replicas, and clear errors on bad input."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 26 item 3: GeoPrefix learns the prefill-attention price per pair (q) online from the engines' reports.
+"""GeoPrefix learns the prefill-attention price per pair (q) online from the engines' reports.
 
 The analogue of ``test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_does_not``
 (test_seed_systems_in_the_simulator.py) for ``q``: 120 clients of the shared-context workload (long shared

@@ -1,4 +1,4 @@
-"""Issue 5 evaluation: the seed systems in the simulator, and the signals their cost models need.
+"""The seed systems in the simulator, and the signals their cost models need.
 
 * every named system (deploy.SYSTEMS) runs a tiny scenario and completes requests;
 * GORGO-proxy's requests pay client -> central proxy -> replica (and back) in their TTFT;
@@ -201,7 +201,7 @@ def test_tp_regression_in_the_simulator_converges_to_the_profile_prefill_slope(s
 
 @pytest.mark.parametrize("profile", ["llama3.1-8b-l4", "llama3.1-8b-l4-sglang", "llama3.1-8b-h100", "mistral-7b-a100"])
 def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_does_not(profile):
-    """Issue 13 item 3: 120 clients on 2 replicas behind SP-P, so most of each TTFT is queueing. GeoPrefix's
+    """120 clients on 2 replicas behind SP-P, so most of each TTFT is queueing. GeoPrefix's
     step-work fit (the default, ``ttft.source='engine_steps'``) lands within 10 % of the profile's prefill
     slope, and closer than a TTFT fit (GORGO-online's) on the same run. Since the simulator feeds the TTFT
     fit what replicas report in Serve (tokens the engine prefilled, not the router's estimate), the TTFT

@@ -1,4 +1,4 @@
-"""Issue 13 item 5: trace replay maps rows onto regions by row (dealt), by session key or by the first
+"""Trace replay maps rows onto regions by row (dealt), by session key or by the first
 distinct prefix block; the shared-context workloads spread each long context over several regions,
 reproducibly; compare_policies runs the new scenario and the network-hard / conversation ones over 4 seeds."""
 
