@@ -33,10 +33,13 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
 
-__all__ = ["SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment", "run_lockstep", "grid_round",
-           "add_goodput_parser", "run_goodput"]
+__all__ = ["DEFAULT_PROFILE", "DEFAULT_SYSTEMS", "SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment",
+           "run_lockstep", "grid_round", "add_goodput_parser", "run_goodput"]
 
 BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
+#: the systems ``plan`` and ``goodput`` compare by default, and the engine profile they run
+DEFAULT_SYSTEMS = ["geoprefix", "region-local", "sgl", "ray-prefix"]
+DEFAULT_PROFILE = "llama3.1-8b-h100"
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,6 @@ def _once(runs: List[dict]) -> Search:
 def add_goodput_parser(subparsers):
     """``python -m ray_geolb goodput``: SLO goodput and attainment of systems on a fixed deployment."""
 
-    from .plan import DEFAULT_PROFILE, DEFAULT_SYSTEMS
     from .sweep import add_runner_args
     from .workloads.geo_diurnal import BUILTIN_DEMANDS, DEFAULT_DAY_S
 
@@ -356,9 +358,8 @@ def run_goodput(args) -> int:
 
     from .deploy import SYSTEMS, parse_regions
     from .metrics import dumps, text_table
-    from .plan import load_demand
     from .sweep import parse_seeds
-    from .workloads.geo_diurnal import Demand
+    from .workloads.geo_diurnal import Demand, load_demand
 
     parser = getattr(args, "_goodput_parser", None) or argparse.ArgumentParser(prog="goodput")
     for flag, v in (("--ttft-slo", args.ttft_slo), ("--day-s", args.day_s), ("--start", args.start),

@@ -53,7 +53,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from .goodput import SLO, goodput_many, run_lockstep, tail_s
+from .goodput import DEFAULT_PROFILE, DEFAULT_SYSTEMS, SLO, goodput_many, run_lockstep, tail_s
 from .metrics import text_table
 from .sweep import add_runner_args, parse_seeds
 from .workloads.geo_diurnal import (
@@ -62,14 +62,12 @@ from .workloads.geo_diurnal import (
     DEFAULT_MEAN_RPS,
     Demand,
     DemandCSVError,
-    load_demand_csv,
+    load_demand,
 )
 
 __all__ = ["DEFAULT_SYSTEMS", "plan", "add_plan_parser", "run_plan", "format_plan", "plot_plan", "load_demand",
            "POOL_LBS"]
 
-DEFAULT_SYSTEMS = ["geoprefix", "region-local", "sgl", "ray-prefix"]
-DEFAULT_PROFILE = "llama3.1-8b-h100"
 DEFAULT_PLAN_DAY_S = DEFAULT_DAY_S
 POOL_LBS = ("ray-prefix", "sgl")  # the pooled bounds' central prefix-aware LBs (the bound: the fewer of them)
 START_FRACTION = 0.6
@@ -445,19 +443,6 @@ def _parse_prices(parser, spec: Optional[str]) -> Dict[str, float]:
             parser.error(f"--price: price of {k.strip()!r} must be a finite number >= 0, got {v!r}")
         out[k.strip()] = x
     return out
-
-
-def load_demand(spec: str, mean_rps: Optional[float] = None) -> Demand:
-    """A built-in demand name or a CSV path (ValueError / DemandCSVError naming the problem)."""
-    from ray_geolb.engine.network import RegionNetwork
-
-    if spec in BUILTIN_DEMANDS:
-        return BUILTIN_DEMANDS[spec](mean_rps) if mean_rps is not None else BUILTIN_DEMANDS[spec]()
-    if mean_rps is not None:
-        raise ValueError("--mean-rps applies to a built-in demand only (scale a CSV with --rate-scale)")
-    if not spec.lower().endswith(".csv") and not os.path.exists(spec):
-        raise ValueError(f"unknown demand {spec!r}: not a built-in ({', '.join(BUILTIN_DEMANDS)}) nor a CSV file")
-    return load_demand_csv(spec, RegionNetwork.default().regions)
 
 
 def run_plan(args) -> int:

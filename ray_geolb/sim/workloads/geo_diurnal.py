@@ -55,8 +55,8 @@ from .servegen import DEFAULT_TZ, _PromptWalk
 from .shared_context import SYSTEM_PROMPT, _context_text, _uniform, context_of
 from .text import CHARS_PER_TOKEN, rng_for, words
 
-__all__ = ["Demand", "DemandCSVError", "builtin_demand", "load_demand_csv", "geo_diurnal", "azure_iat_cv",
-           "WILDCHAT_REGION_WEIGHTS", "BUILTIN_DEMANDS", "DEFAULT_MIX", "DEFAULT_DAY_S"]
+__all__ = ["Demand", "DemandCSVError", "builtin_demand", "load_demand", "load_demand_csv", "geo_diurnal",
+           "azure_iat_cv", "WILDCHAT_REGION_WEIGHTS", "BUILTIN_DEMANDS", "DEFAULT_MIX", "DEFAULT_DAY_S"]
 
 #: share of WildChat conversations per region by ``metadata.country`` (``COUNTRY_REGION``), counted on the
 #: project's shared WildChat sample (``wildchat_sample/wildchat_with_region.jsonl``: 186 conversations with a
@@ -351,3 +351,19 @@ def geo_diurnal(curves: Optional[Dict[str, List[float]]] = None, *, day_s: float
               "keep_regions": None if keep_regions is None else list(keep_regions),
               "rates": demand.to_kw()},
     )
+
+
+def load_demand(spec: str, mean_rps: Optional[float] = None) -> Demand:
+    """A built-in demand name or a CSV path (ValueError / DemandCSVError naming the problem): what ``plan``
+    and ``goodput`` read from ``--demand``."""
+    import os
+
+    from ray_geolb.engine.network import RegionNetwork
+
+    if spec in BUILTIN_DEMANDS:
+        return BUILTIN_DEMANDS[spec](mean_rps) if mean_rps is not None else BUILTIN_DEMANDS[spec]()
+    if mean_rps is not None:
+        raise ValueError("--mean-rps applies to a built-in demand only (scale a CSV with --rate-scale)")
+    if not spec.lower().endswith(".csv") and not os.path.exists(spec):
+        raise ValueError(f"unknown demand {spec!r}: not a built-in ({', '.join(BUILTIN_DEMANDS)}) nor a CSV file")
+    return load_demand_csv(spec, RegionNetwork.default().regions)
