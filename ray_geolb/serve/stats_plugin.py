@@ -50,6 +50,8 @@ _TTFT_SEEN: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_KEPT)
 #: cumulative step work of this process's engines (``engine_work``; see :func:`add_iteration_work`)
 _WORK: Dict[str, float] = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "busy_s": 0.0, "prefill_pairs": 0.0}
 _LAST_ITER: Dict[int, tuple] = {}  # engine index -> (iteration timestamp, it had requests running)
+#: engine index -> when its first iteration ended: the cold step (see :func:`add_iteration_work`)
+_FIRST_ITER: Dict[int, float] = {}
 #: cumulative prefix-cache lookups of this process's engines, in tokens (vLLM's ``PrefixCacheStats``)
 _CACHE: Dict[str, int] = {"prefix_cache_queries": 0, "prefix_cache_hits": 0}
 #: a gap between two iterations longer than this is not counted as busy time (the engine idled)
@@ -110,6 +112,7 @@ def reset_stats() -> None:
         _TTFT.clear()
         _TTFT_SEEN.clear()
         _LAST_ITER.clear()
+        _FIRST_ITER.clear()
         _WORK.update(steps=0, prefill_tokens=0, decode_tokens=0, busy_s=0.0, prefill_pairs=0.0)
         _CACHE.update(prefix_cache_queries=0, prefix_cache_hits=0)
 
@@ -124,6 +127,11 @@ def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx:
     iteration when that one had requests running (``SchedulerStats.num_running_reqs``) and the gap is
     under :data:`MAX_ITERATION_GAP_S` -- or, for an iteration that woke an idle engine, its shortest time
     to first token (:func:`_after_idle_s`). Approximate per iteration; a router fits over many of them.
+
+    The engine's very first iteration is never counted: on a cold engine it sets up its kernels, and a
+    vLLM CPU engine's first step took 2.4 s for 186 tokens where the next took 8 ms (a GPU engine's
+    first step is slow too). The TTFT samples of the requests that were waiting for it are dropped
+    for the same reason (:meth:`GeoStatLogger.record`).
     False (nothing added) when the stats lack these fields.
 
     ``prefill_pairs`` (the prefill-attention work GeoPrefix prices the cached context with): a request
@@ -156,9 +164,12 @@ def add_iteration_work(iteration_stats: Any, running: Optional[int], engine_idx:
     with _LOCK:
         prev = _LAST_ITER.get(engine_idx)
         _LAST_ITER[engine_idx] = (ts, bool(running))
-        if prev is not None and prev[1] and 0.0 < ts - prev[0] <= MAX_ITERATION_GAP_S:
+        if prev is None:  # the engine's first iteration: its cold step (see below), never counted
+            _FIRST_ITER.setdefault(engine_idx, ts)
+            return False
+        if prev[1] and 0.0 < ts - prev[0] <= MAX_ITERATION_GAP_S:
             busy = ts - prev[0]
-        else:  # the first iteration, or one after an idle gap: see _after_idle_s
+        else:  # one after an idle gap: see _after_idle_s
             busy = _after_idle_s(iteration_stats, prefill, firsts)
             if busy is None:
                 return False
@@ -230,6 +241,20 @@ def ttft_sample(fr: Any) -> Optional[List[float]]:
     return [max(0, prompt - cached), ttft]
 
 
+def _waited_for_the_cold_step(iteration_stats: Any, fr: Any, engine_idx: int) -> bool:
+    """Whether a finished request had arrived by the end of its engine's first iteration (the cold step:
+    its TTFT measures the engine's warm-up, not its prefill)."""
+    with _LOCK:
+        first = _FIRST_ITER.get(engine_idx)
+    if first is None:
+        return True  # finished before any iteration was recorded: it was served by the cold step
+    try:
+        arrival = float(iteration_stats.iteration_timestamp) - float(fr.e2e_latency)
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return arrival <= first
+
+
 class GeoStatLogger(StatLoggerBase):
     """vLLM stat-logger plugin: keeps the latest scheduler stats for ``record_routing_stats``."""
 
@@ -253,7 +278,8 @@ class GeoStatLogger(StatLoggerBase):
     def record(self, scheduler_stats=None, iteration_stats=None, mm_cache_stats=None, engine_idx: int = 0):
         finished = getattr(iteration_stats, "finished_requests", None) if iteration_stats is not None else None
         if finished:
-            pairs = [(x, fr) for x, fr in ((ttft_sample(fr), fr) for fr in finished) if x is not None]
+            pairs = [(x, fr) for x, fr in ((ttft_sample(fr), fr) for fr in finished)
+                     if x is not None and not _waited_for_the_cold_step(iteration_stats, fr, engine_idx)]
             if pairs:
                 with _LOCK:
                     _TTFT.extend(x for x, _ in pairs)

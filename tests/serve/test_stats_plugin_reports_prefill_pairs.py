@@ -47,7 +47,7 @@ def test_prefill_pairs_from_vllm_iteration_stats():
     lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
     run = SchedulerStats(num_running_reqs=3, num_waiting_reqs=0, kv_cache_usage=0.2)
     t0 = time.time()
-    lg.record(run, _iteration(t0, decodes=2))  # the first iteration, no first token: its duration is unknown
+    lg.record(run, _iteration(t0, decodes=2))  # the first iteration: the cold step, never counted
     assert sp.latest_stats().get("engine_work") is None
     # one request: 2,048 computed after 24,576 cached -> exactly 2048 * (24576 + 1024) pairs
     it = _iteration(t0 + 0.05, prefills=[(26_624, 24_576)], decodes=2)
@@ -77,17 +77,38 @@ def test_prefill_pairs_from_vllm_iteration_stats():
 def test_an_iteration_that_wakes_an_idle_engine_lasts_its_shortest_time_to_first_token():
     sp.reset_stats()
     t0 = time.time()
-    # the first iteration: its requests arrived 0.1 s before it ended (``_iteration``), so it took 0.1 s
-    assert sp.add_iteration_work(_iteration(t0, prefills=[(1000, 0)]), running=1)
-    assert sp._WORK["busy_s"] == pytest.approx(0.1) and sp._WORK["prefill_tokens"] == 1000
+    # the engine's first iteration is its cold step: never counted
+    assert not sp.add_iteration_work(_iteration(t0, prefills=[(1000, 0)]), running=1)
     assert sp.add_iteration_work(_iteration(t0 + 0.04, prefills=[(1000, 500)]), running=0)
-    assert sp._WORK["busy_s"] == pytest.approx(0.14)
-    # the previous iteration left nothing running: the gap is idle time, the prefill that wakes the engine
-    # is counted with its own time to first token
+    assert sp._WORK["busy_s"] == pytest.approx(0.04)
+    # the previous iteration left nothing running: the gap is idle time; the prefill that wakes the engine
+    # is counted with its own time to first token (its request arrived 0.1 s before it ended, ``_iteration``)
     assert sp.add_iteration_work(_iteration(t0 + 5.0, prefills=[(9000, 0)]), running=1)
-    assert sp._WORK["busy_s"] == pytest.approx(0.24) and sp._WORK["prefill_tokens"] == 1000 + 500 + 9000
+    assert sp._WORK["busy_s"] == pytest.approx(0.14) and sp._WORK["prefill_tokens"] == 500 + 9000
     # a decode-only iteration after an idle gap has no first token to time it: not counted
     sp.add_iteration_work(_iteration(t0 + 5.1, decodes=1), running=0)
     assert not sp.add_iteration_work(_iteration(t0 + 9.0, decodes=1), running=1)
-    assert sp._WORK["steps"] == 4
+    assert sp._WORK["steps"] == 3
+    sp.reset_stats()
+
+
+def test_requests_that_waited_for_the_cold_first_step_give_no_ttft_sample():
+    from vllm.v1.metrics.stats import FinishedRequestStats
+
+    sp.reset_stats()
+    lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
+    run = SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1)
+    t0 = time.time()
+    lg.record(run, _iteration(t0, prefills=[(186, 0)]))  # the cold step, 2.4 s long on a vLLM CPU engine
+
+    def finished(ts, e2e, ttft):
+        it = _iteration(ts, decodes=1)
+        it.finished_requests.append(FinishedRequestStats(
+            finish_reason=None, e2e_latency=e2e, num_prompt_tokens=186, num_generation_tokens=8,
+            queued_time=0.001, prefill_time=ttft - 0.001, num_cached_tokens=0))
+        return it
+
+    lg.record(run, finished(t0 + 0.1, e2e=2.6, ttft=2.38))  # arrived before the cold step ended
+    lg.record(run, finished(t0 + 0.2, e2e=0.05, ttft=0.008))  # arrived after it
+    assert sp.take_ttft_samples() == [[186, pytest.approx(0.008)]]
     sp.reset_stats()
