@@ -46,7 +46,7 @@ def test_fcfs_newcomer_behind_waiting_requests_may_be_forwarded_not_served_local
         assert await second is LOCAL
         assert len(q) == 0 and q.tokens == 0
         assert ("r3", (1, 30)) in seen  # the newcomer saw the head's tokens ahead of it
-        assert q.counts == {"held": 2, "queue_full": 0, "wait_timeout": 0}
+        assert q.counts == {"held": 2, "queue_full": 0, "wait_timeout": 0, "deadline_unreachable": 0}
 
     asyncio.run(run())
 
@@ -66,7 +66,7 @@ def test_bounds_and_deadline():
         with pytest.raises(GeoHTTPError) as capped:  # the client's shorter wait cap
             await q.admit(_req(3), max_wait_s=0.0)
         assert capped.value.status == 503 and "within 0 s" in capped.value.message
-        assert len(q) == 0 and q.counts == {"held": 2, "queue_full": 1, "wait_timeout": 2}
+        assert len(q) == 0 and q.counts == {"held": 2, "queue_full": 1, "wait_timeout": 2, "deadline_unreachable": 0}
 
     asyncio.run(run())
 

@@ -10,7 +10,12 @@ A request the region layer cannot send anywhere now waits in its LB's FCFS queue
   With ``forward_past_queue`` off the queue is strictly FCFS: a newcomer behind waiting requests joins
   without a decision, and only the head is decided again.
 * a request that must wait while ``max_queue`` already wait is refused (``queue_full``);
-* a request that waited its wait limit is refused (``wait_timeout``).
+* a request that waited its wait limit is refused (``wait_timeout``);
+* a request with a deadline whose expected finish -- the expected wait for the queue ahead of it plus
+  its expected service time -- falls after the time it has left is refused at once
+  (``deadline_unreachable``, :meth:`QueueRule.deadline`): it would only expire in the queue. Only the
+  Serve ingress measures those expectations; the simulator's LB does not call it (its clients have no
+  deadlines).
 
 The region layer's decision (``RegionRouter.decide``, with the requests ahead of this one) is the input;
 what the driver does with a verdict -- send, queue, answer 429 / 503 -- is its own.
@@ -23,13 +28,16 @@ from typing import NamedTuple, Optional
 
 from .router import RegionDecision
 
-__all__ = ["GO", "QUEUED_BEHIND", "QUEUE_FULL", "REFUSE", "WAIT", "WAIT_TIMEOUT", "QueueRule", "Verdict"]
+__all__ = ["DEADLINE_UNREACHABLE", "GO", "QUEUED_BEHIND", "QUEUE_FULL", "REFUSE", "WAIT", "WAIT_TIMEOUT", "QueueRule",
+           "Verdict"]
 
 GO, WAIT, REFUSE = "go", "wait", "refuse"
 #: why a request waits when the region layer would have served it locally but others wait before it
 QUEUED_BEHIND = "queued behind earlier requests"
 #: why a request is refused: the queue is full (Serve: 429), it waited too long (Serve: 503)
 QUEUE_FULL, WAIT_TIMEOUT = "queue_full", "wait_timeout"
+#: why a request with a deadline is refused before it waits it out (Serve: 429 with Retry-After)
+DEADLINE_UNREACHABLE = "deadline_unreachable"
 
 
 class Verdict(NamedTuple):
@@ -75,6 +83,17 @@ class QueueRule:
         if self.max_wait_s is None or client_max_wait_s is None:
             return self.max_wait_s if self.max_wait_s is not None else client_max_wait_s
         return min(self.max_wait_s, client_max_wait_s)
+
+    @staticmethod
+    def deadline(remaining_s: float, expected_wait_s: Optional[float], expected_service_s: Optional[float]) -> Verdict:
+        """A request with ``remaining_s`` left before its deadline, expected to wait ``expected_wait_s``
+        for the queue ahead and then take ``expected_service_s`` (None: not known, counted as 0): refuse
+        (``deadline_unreachable``) when it is expected to finish after its deadline, else wait. With
+        neither known nothing is refused here (``timed_out`` still ends a wait that runs out)."""
+        if expected_wait_s is None and expected_service_s is None:
+            return Verdict(WAIT, None)
+        need = (expected_wait_s or 0.0) + (expected_service_s or 0.0)
+        return Verdict(REFUSE, DEADLINE_UNREACHABLE) if need > remaining_s else Verdict(WAIT, None)
 
     @staticmethod
     def timed_out(remaining_s: float) -> Verdict:

@@ -17,6 +17,11 @@ tokens ahead" of a request is counted one way everywhere. Each entry is a :class
 (:meth:`AdmissionQueue.held`), take one out and wake it with a hand-over decision
 (:meth:`AdmissionQueue.hand_over`), and put one its thief refused back at its old place
 (``admit(..., place=)``).
+
+A request with a deadline (``admit(..., deadline_s=, expect=)``) is refused at once -- 429
+``deadline_unreachable`` with ``Retry-After`` -- when the queue rule's deadline check says the queue ahead
+of it cannot be served in time (``deadlines.py``): on arrival, before it would take a local slot, and
+each time it is decided again while it waits. It does not wait out its deadline here.
 """
 
 from __future__ import annotations
@@ -26,11 +31,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Optional, Tuple
 
+#: (expected wait for the queue ahead, expected service), seconds (None: unknown), of the request whose
+#: key in the queue is the argument (None: a newcomer, behind every waiting request)
+Expect = Callable[[Optional[Hashable]], Tuple[Optional[float], Optional[float]]]
+
 from ray_geolb.aio import wait_or_timeout
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region import RegionDecision
 from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule
+
+from .deadlines import DeadlineEstimates
 
 from .config import IngressConfig
 from .errors import GeoHTTPError
@@ -79,7 +90,7 @@ class AdmissionQueue:
         self.rule = QueueRule(max_queue=cfg.max_queue, max_wait_s=cfg.max_wait_s)
         #: one entry per waiting request (its :class:`Waiter`, key and item), with its prompt tokens
         self.queue: HoldQueue[Waiter, Waiter] = HoldQueue(tokens_of=lambda w: int(w.rreq.prompt_tokens))
-        self.counts = {"held": 0, "queue_full": 0, "wait_timeout": 0}
+        self.counts = {"held": 0, "queue_full": 0, "wait_timeout": 0, "deadline_unreachable": 0}
         #: called with the :class:`HandOver` of a request handed to a thief that left before it could be
         #: sent (its client went away just then), so the hand-over is settled (``steal.py``)
         self.on_abandoned: Optional[Callable[["HandOver"], None]] = None
@@ -132,26 +143,33 @@ class AdmissionQueue:
 
     # ------------------------------------------------------------ admission
     async def admit(self, rreq: RouteRequest, max_wait_s: Optional[float] = None,
-                    place: Optional[int] = None) -> RegionDecision:
+                    place: Optional[int] = None, deadline_s: Optional[float] = None,
+                    expect: Optional[Expect] = None) -> RegionDecision:
         """A non-hold decision for ``rreq``, after waiting FCFS in this queue if needed -- or a
         :class:`HandOver` if a steal victim handed it to a peer while it waited. ``place``: a request a
-        thief refused, put back at its old place (from :meth:`hand_over`) and decided from there. Raises
-        :class:`GeoHTTPError` 429 (queue full) or 503 (no capacity within the wait limit)."""
-        cfg = self.cfg
+        thief refused, put back at its old place (from :meth:`hand_over`) and decided from there.
+        ``deadline_s``: the time the request has left; with ``expect`` (its expected wait and service,
+        see :data:`Expect`) it is refused as soon as it cannot be expected to make it. Raises
+        :class:`GeoHTTPError` 429 (queue full; deadline unreachable) or 503 (no capacity within the
+        wait limit)."""
         max_wait = self.rule.wait_limit(max_wait_s)
         t0 = self._clock()
+        due = None if deadline_s is None or expect is None else t0 + deadline_s
         reason = "returned"
         if place is None:
             d = self._decide(rreq, None)
             v = self.rule.admit(d, len(self.queue))
             if v.action == GO:
+                if d.kind == "local":
+                    self._check_deadline(due, expect, None, local_now=True)
                 return d  # behind waiting requests only a forward (or a reject) goes straight on
+            self._check_deadline(due, expect, None)
             reason = v.reason
             if v.action == REFUSE:
                 self.counts["queue_full"] += 1
                 raise GeoHTTPError(429, f"region {self.region}: {len(self.queue)} requests already waiting "
-                                        f"(max_queue={cfg.max_queue}); retry later",
-                                   type_="queue_full", retry_after_s=cfg.retry_after_s, region=self.region)
+                                        f"(max_queue={self.cfg.max_queue}); retry later",
+                                   type_="queue_full", retry_after_s=self.cfg.retry_after_s, region=self.region)
             self.counts["held"] += 1
         w = Waiter(rreq)
         if place is None:
@@ -160,7 +178,7 @@ class AdmissionQueue:
             self.queue.restore(w, w, place)
         decided = False
         try:
-            d = await self._wait(w, t0 + max_wait, max_wait, reason)
+            d = await self._wait(w, t0 + max_wait, max_wait, reason, due, expect)
             decided = True
             return d
         finally:  # done, timed out, handed over or cancelled: leave the queue, and wake the next head
@@ -171,9 +189,33 @@ class AdmissionQueue:
             if not decided and w.handed is not None and self.on_abandoned is not None:
                 self.on_abandoned(w.handed)  # handed over, then cancelled before it could be sent
 
-    async def _wait(self, w: Waiter, deadline: float, max_wait: float, reason: str) -> RegionDecision:
+    def _check_deadline(self, due: Optional[float], expect: Optional[Expect], key: Optional[Hashable],
+                        local_now: bool = False) -> None:
+        """Raise 429 ``deadline_unreachable`` (with ``Retry-After``) if the request keyed ``key`` cannot be
+        expected to finish by ``due`` (None: no check). ``local_now``: it takes a local slot now (only
+        its service time counts)."""
+        if due is None or expect is None:
+            return
+        wait_s, service_s = expect(key)
+        if local_now:
+            wait_s = 0.0
+        remaining = due - self._clock()
+        v = self.rule.deadline(remaining, wait_s, service_s)
+        if v.action != REFUSE:
+            return
+        self.counts["deadline_unreachable"] += 1
+        need = (wait_s or 0.0) + (service_s or 0.0)
+        raise GeoHTTPError(429, f"region {self.region}: the request cannot be served within its deadline "
+                                f"({max(0.0, remaining):.2f} s left; expected wait {wait_s or 0.0:.2f} s for the "
+                                f"requests ahead, then {service_s or 0.0:.2f} s of service); retry later",
+                           type_="deadline_unreachable",
+                           retry_after_s=DeadlineEstimates.retry_after_s(need, remaining, self.cfg.retry_after_s),
+                           region=self.region)
+
+    async def _wait(self, w: Waiter, deadline: float, max_wait: float, reason: str,
+                    due: Optional[float] = None, expect: Optional[Expect] = None) -> RegionDecision:
         """Wait in the queue until a decision other than *hold* is allowed (local only at the head), or a
-        steal victim hands the request over."""
+        steal victim hands the request over; refused early when it cannot make its deadline (``due``)."""
         cfg = self.cfg
         ev, rreq = w.ev, w.rreq
         while True:
@@ -194,6 +236,9 @@ class AdmissionQueue:
             d = self._decide(rreq, w)
             v = self.rule.again(d, self.queue.is_head(w))
             if v.action == GO:
+                if d.kind == "local":
+                    self._check_deadline(due, expect, w, local_now=True)
                 return d
+            self._check_deadline(due, expect, w)
             if v.reason is not None:  # a hold's reason; a local decision not at the head keeps the last
                 reason = v.reason

@@ -74,6 +74,8 @@ class IngressConfig(BaseModel):
     #: the request waits for capacity: 503 ``wait_timeout``; while a replica or peer works on it: 504
     #: ``deadline_exceeded`` (the work is cancelled, never retried elsewhere: nothing is served twice)
     request_timeout_s: float = Field(300.0, gt=0)
+    #: (the ingress's own deadline is ``deadlines.DEADLINE_RESERVE_S`` earlier -- at most a quarter of it --
+    #: for the time it cannot see: the proxy before the handler, and the way back; ``deadlines.py``)
     #: retries of forwards that could not reach their peer (another peer or local; retry_budget.py):
     #: each request earns this share of a retry, and this many more are earned per second
     retry_budget_ratio: float = Field(0.2, ge=0, le=10)

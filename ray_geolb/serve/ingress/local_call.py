@@ -23,6 +23,8 @@ from ray.exceptions import RayActorError
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import RegionDecision
 
+from ray_geolb.serve.clock import policy_now
+
 from .context import RequestContext, wait_bound
 from .errors import GeoHTTPError
 from .model_client import error_in
@@ -72,7 +74,8 @@ class LocalCalls:
         attempt = 0
         while True:
             attempt += 1
-            slot = self.local.take_slot(ctx.request_id, self.local_done, rreq)
+            self.estimates.started()  # its slot's return (_local_slot_done) ends it, on every path
+            slot = self.local.take_slot(ctx.request_id, self._local_slot_done, rreq)
             try:
                 if ctx.stream:
                     return await self._run_local_stream(ctx, d, wait_ms, slot)
@@ -92,18 +95,21 @@ class LocalCalls:
                 raise
 
     async def _run_local_call(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
+        t0 = policy_now()
         try:
             res = await asyncio.wait_for(self.llm.complete(ctx, slot.call_id), wait_bound(ctx.remaining_s()))
         except asyncio.TimeoutError:  # the call is cancelled (complete() cancels its stream)
             raise self._deadline_exceeded(ctx, self.region) from None
         finally:
             slot.release()
+        self.estimates.served("complete", policy_now() - t0)
         self.served_ids.append(ctx.request_id)
         return self._local_meta(ctx, d, wait_ms, slot), res
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         gen = None
         try:
+            t0 = policy_now()
             gen = self.llm.stream(ctx, slot.call_id)
             left = ctx.remaining_s()
             try:
@@ -119,6 +125,7 @@ class LocalCalls:
             err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
             if err is not None:
                 raise err
+            self.estimates.served("stream", policy_now() - t0)
         except BaseException:  # CancelledError too: the client left before the first token
             cancel_quietly(gen)
             slot.release()

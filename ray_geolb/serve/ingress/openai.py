@@ -37,6 +37,7 @@ from fastapi.responses import Response
 from ray_geolb.policy.canonical import PromptFormatError, canonical_text
 
 from .context import RequestContext
+from .deadlines import deadline_from_arrival
 from .errors import HEADER_PREFIX, GeoHTTPError
 from .responses import (  # the response half, re-exported
     OwnedStreamingResponse,
@@ -284,7 +285,7 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
     (``headers_in`` = :func:`client_headers`); ``cfg`` is the ``IngressConfig``. Raises
     :class:`GeoHTTPError` (400/404) naming the problem. The deadline runs from ``arrived`` (the
     ``time.monotonic()`` at which the ingress's HTTP handler was entered, before the body was read;
-    None: now)."""
+    None: now), less ``deadlines.DEADLINE_RESERVE_S`` for the time the ingress cannot see (``deadlines.py``)."""
     body, text, stream, max_tokens, allowed = validate_body(
         raw, kind, cfg.model_name, cfg.max_tokens_limit, cfg.default_max_tokens, limits=cfg)
     hdr = headers_in.get("x-allowed-regions")
@@ -307,7 +308,7 @@ def parse_request(raw: bytes, headers_in: Mapping[str, str], kind: str, cfg, *, 
     return RequestContext(body=body, text=text, stream=stream, max_tokens=max_tokens, allowed=allowed, hops=0,
                           origin=origin, session=session, request_id=request_id, max_wait_s=max_wait_s,
                           kind=kind, tenant=tenant,
-                          deadline=(time.monotonic() if arrived is None else arrived) + budget)
+                          deadline=deadline_from_arrival(time.monotonic() if arrived is None else arrived, budget))
 
 
 async def read_body(request, limit: int) -> bytes:

@@ -8,7 +8,9 @@ For each request (a :class:`~.context.RequestContext`):
    (:class:`~.local_view.LocalView`), else *forward* to the best available peer region's ingress
    (regional snapshot: longest prefix already forwarded there, ties by measured RTT; or the 'cost'
    selector), else *hold*.
-2. **Hold** in the :class:`~.admission.AdmissionQueue` (FCFS, bounded, time-limited).
+2. **Hold** in the :class:`~.admission.AdmissionQueue` (FCFS, bounded, time-limited; a request whose
+   deadline the queue ahead cannot meet is refused at once, 429 ``deadline_unreachable``, priced by
+   :class:`~.deadlines.DeadlineEstimates`).
 3. **Run locally** on the model deployment (``local_call.py``: :class:`~.local_call.LocalCalls`, with
    its one retry before the first token), or **forward** (``forward.py``:
    :class:`~.forward.Forwarding`, at most one hop): a forwarded request arrives at the peer's
@@ -47,6 +49,7 @@ from ray_geolb.serve.clock import policy_now
 from .admission import AdmissionQueue, HandOver
 from .config import IngressConfig
 from .context import RequestContext
+from .deadlines import DeadlineEstimates
 from .errors import ForwardFailed, GeoHTTPError
 from .forward import Forwarding
 from .local_call import LocalCalls
@@ -105,6 +108,8 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
         self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
         #: retries of forwards that could not reach their peer (retry_budget.py)
         self.retries = RetryBudget(cfg.retry_budget_ratio, cfg.retry_budget_min_per_s)
+        #: the local drain rate and service times a deadline is priced with (``deadlines.py``)
+        self.estimates = DeadlineEstimates()
 
     def start(self) -> None:
         self.peers.start()
@@ -174,6 +179,19 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
         return {"available_replicas": self.local.local_available(), "queue_len": self.lb_queue_len(),
                 "extra": self.heartbeat_extra()}
 
+    def expected_s(self, ctx: RequestContext, waiting: Optional[Hashable] = None):
+        """(expected wait for a local slot, expected service), seconds (None: unknown), of ``ctx`` with key
+        ``waiting`` in the admission queue (None: a newcomer): what its deadline is checked against."""
+        n, _tok = self.admission.ahead(waiting)
+        est = self.estimates
+        wait = est.wait_s(n + self.local.router_queue_len(), self.local.local_slots(), _now())
+        return wait, est.service_s(ctx.stream)
+
+    def _local_slot_done(self) -> None:
+        """A local call's slot came back (whatever ended it): the drain rate, then :meth:`local_done`."""
+        self.estimates.finished(_now())
+        self.local_done()
+
     def local_done(self) -> None:
         """A local request left its replica (done, failed or cancelled): a slot freed. Feeds the
         region layer's drain-rate estimate (``RegionRouter.on_local_complete``, as the simulator does),
@@ -227,7 +245,8 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
                                    type_="wait_timeout", retry_after_s=self.cfg.retry_after_s, region=self.region)
             t0 = _now()
             d = await self.admission.admit(rreq, left if ctx.max_wait_s is None else min(ctx.max_wait_s, left),
-                                           place=place)
+                                           place=place, deadline_s=left,
+                                           expect=lambda key: self.expected_s(ctx, key))
             place = None
             wait_ms = ctx.waited_ms + (_now() - t0) * 1000.0
             if isinstance(d, HandOver):  # a stealing peer pulled it from the queue (steal.py)

@@ -25,13 +25,14 @@ logger = logging.getLogger("ray.serve")
 
 __all__ = ["COUNTERS", "ERROR_REASONS", "IngressTelemetry", "REJECTION_REASONS"]
 
-#: the ingress's counters, in the order the state endpoint lists them (held, queue_full and
-#: wait_timeout are the admission queue's)
+#: the ingress's counters, in the order the state endpoint lists them (held, queue_full,
+#: wait_timeout and deadline_unreachable are the admission queue's)
 COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
             "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded", "retries_refused",
-            "local_retries", "stream_errors")
+            "local_retries", "stream_errors", "deadline_unreachable")
 #: reasons the ingress's counters are pre-registered with (exported at 0 before they first fire)
 REJECTION_REASONS = ("bad_request", "too_many_requests", "queue_full", "wait_timeout", "deadline_exceeded",
+                     "deadline_unreachable",
                      "stream_timeout", "region_not_allowed", "forward_failed", "server_error")
 ERROR_REASONS = ("server_error", "stream_failed")
 
@@ -120,7 +121,7 @@ class IngressTelemetry:
             why = f"the request's deadline passed while region {where} was serving it"
         self.counts["deadline_exceeded"] += 1
         return GeoHTTPError(504, f"{why} (request_timeout_s / x-geolb-timeout-s)", type_="deadline_exceeded",
-                            region=where)
+                            retry_after_s=self.cfg.retry_after_s, region=where)
 
     def _model_error(self, e: Exception) -> Optional[GeoHTTPError]:
         """The HTTP error a model call's failure maps to, or None (then it is counted in ``errors``)."""
