@@ -215,16 +215,18 @@ def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router:
 
 def _registry_options(registry: Optional[dict], regions: Dict[str, int]) -> dict:
     """``RegistryOptions`` fields with the deployment's regions in the registry's config (``regions``):
-    the registry refuses heartbeats from any other region. A list given in ``registry["config"]`` must
-    hold every region of the deployment (it may name more, e.g. regions deployed separately)."""
+    the registry refuses heartbeats from any other region, and -- registered with their replica counts,
+    ``{region: replicas}`` (an autoscaling region's ``max_replicas``) -- heartbeats that claim more
+    available replicas than the region has. A list given in ``registry["config"]`` must hold every region
+    of the deployment (it may name more, e.g. regions deployed separately); it registers names only."""
     reg = dict(registry or {})
     cfg = dict(reg.get("config") or {})
-    listed = cfg.setdefault("regions", sorted(regions))
+    listed = cfg.setdefault("regions", {r: regions[r] for r in sorted(regions)})
     if listed is not None:
         missing = sorted(set(regions) - set(listed))
         if missing:
             raise ValueError(f"registry.config.regions {sorted(listed)} lacks the deployment's region(s) {missing}")
-        cfg["regions"] = sorted(set(listed))
+        cfg["regions"] = {r: listed[r] for r in sorted(listed)} if isinstance(listed, dict) else sorted(set(listed))
     reg["config"] = cfg
     return reg
 
@@ -333,10 +335,20 @@ def build_region_apps(
     missing = set(regions) - set(per_region)
     if missing:
         raise ValueError(f"llm_config: no LLMConfig for region(s) {sorted(missing)}")
+    # an autoscaling region can grow to its max_replicas: that is what its heartbeats may claim
+    regions = {r: _max_replicas(per_region[r], n) for r, n in regions.items()}
     return [_one_app(r, regions, per_region[r], router=router, policy=policy, lat=lat, ingress=ingress,
                      registry=registry, router_kwargs=router_kwargs, pin_to_region=pin_to_region,
                      stats_period_s=stats_period_s, ingress_replicas=ingress_replicas, app_prefix=app_prefix)
             for r in regions]
+
+
+def _max_replicas(llm_config: Any, num_replicas: int) -> int:
+    auto = (llm_config.deployment_config or {}).get("autoscaling_config")
+    if not auto:
+        return num_replicas
+    top = auto.get("max_replicas") if isinstance(auto, dict) else getattr(auto, "max_replicas", None)
+    return max(num_replicas, int(top)) if isinstance(top, int) and not isinstance(top, bool) else num_replicas
 
 
 def region_app(args: Dict[str, Any]):
@@ -429,7 +441,7 @@ def deploy_region_apps(apps: List[RegionApp], timeout_s: Optional[float] = None)
     from ray_geolb.serve.registry import get_or_create_registry
 
     registries: Dict[tuple, Any] = {}
-    listed: Dict[tuple, set] = {}
+    listed: Dict[tuple, dict] = {}
     for a in apps:
         reg = a.config.get("registry")
         if not reg:
@@ -437,10 +449,13 @@ def deploy_region_apps(apps: List[RegionApp], timeout_s: Optional[float] = None)
         key = (reg["name"], reg["namespace"])
         if key not in registries:
             registries[key] = get_or_create_registry(reg["name"], reg["namespace"], reg.get("config"))
-        listed.setdefault(key, set()).update((reg.get("config") or {}).get("regions") or ())
+        regs = (reg.get("config") or {}).get("regions") or ()
+        listed.setdefault(key, {}).update(regs if isinstance(regs, dict) else {r: None for r in regs})
     for key, actor in registries.items():
-        if listed[key]:
-            ray.get(actor.add_regions.remote(sorted(listed[key])), timeout=60)
+        if listed[key]:  # with their replica counts where every one is known (a list leaves counts as they are)
+            known = all(n is not None for n in listed[key].values())
+            ray.get(actor.add_regions.remote(dict(sorted(listed[key].items())) if known else sorted(listed[key])),
+                    timeout=60)
     targets = [RunTarget(target=a.app, name=a.name, route_prefix=a.route_prefix) for a in apps]
     handles = serve.run_many(targets, wait_for_applications_running=timeout_s is None)
     if timeout_s is not None:

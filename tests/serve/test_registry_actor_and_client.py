@@ -515,8 +515,9 @@ def test_the_deployment_passes_its_regions_to_the_registry():
     from ray_geolb.serve.app import _registry_options
 
     opts = _registry_options(None, {"us": 2, "eu": 1, "asia": 1})
-    assert opts["config"]["regions"] == ["asia", "eu", "us"]
-    RegistryState(**opts["config"])  # a valid RegistryState config
+    assert opts["config"]["regions"] == {"asia": 1, "eu": 1, "us": 2}  # with their replica counts
+    st = RegistryState(**opts["config"])  # a valid RegistryState config
+    assert st.stats()["replicas_registered"] == {"asia": 1, "eu": 1, "us": 2}
     assert _registry_options({"config": {"regions": ["us", "eu", "asia", "au"]}},
                              {"us": 2, "eu": 1, "asia": 1})["config"]["regions"] == ["asia", "au", "eu", "us"]
     with pytest.raises(ValueError, match="lacks"):

@@ -521,6 +521,20 @@ def test_queue_full_429_and_wait_limit_503(geo):
     assert 0.25 < dt < 5
 
 
+def test_a_heartbeat_claiming_more_replicas_than_its_region_has_is_refused(geo):
+    """The deployment registered each region with its replica count (``serve deploy`` config path): a
+    heartbeat that says eu has 1,000 available replicas (it has 1) is refused with a typed reason, and
+    eu keeps its last good figures."""
+    from ray_geolb.policy.region.heartbeat import heartbeat_message
+
+    reg = ray.get_actor(DEFAULT_NAME, namespace=DEFAULT_NAMESPACE)
+    assert ray.get(reg.stats.remote(), timeout=30)["replicas_registered"] == REGIONS
+    forged = heartbeat_message("eu", "eu/forged", 1000, 0, {"us": 0.01})
+    table = ray.get(reg.heartbeat_batch.remote([forged]), timeout=30)
+    assert table["refused"] == {"over_capacity": 1}, table.get("errors")
+    assert table["regions"]["eu"]["available_replicas"] <= REGIONS["eu"]
+
+
 def test_registry_killed_mid_run(geo):
     """Kill the registry (Ray restarts it, empty) in the middle of a run: no request is lost, the
     registry is rebuilt from heartbeats, and cross-region forwarding resumes."""
