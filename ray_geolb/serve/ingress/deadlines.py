@@ -125,4 +125,4 @@ class DeadlineEstimates:
     def retry_after_s(expected_s: float, remaining_s: float, floor_s: float) -> float:
         """The ``Retry-After`` of a request refused because it needs ``expected_s`` with ``remaining_s``
         left: about when the queue ahead should have drained that much (at least ``floor_s``)."""
-        return min(RETRY_AFTER_MAX_S, max(floor_s, expected_s - max(0.0, remaining_s)))
+        return round(min(RETRY_AFTER_MAX_S, max(floor_s, expected_s - max(0.0, remaining_s))), 2)
