@@ -56,7 +56,9 @@ class RegionIngress:
         return is_admin(request.headers, self.cfg.debug, self._admin_token)
 
     async def _http(self, request: Request, kind: str) -> Response:
-        arrived = time.monotonic()  # the deadline runs from here: before the body is read or parsed
+        # the deadline runs from here, before the body is read or parsed: Ray Serve 2.60 hands the replica
+        # no earlier arrival time (deadlines.py), so the ingress keeps a reserve of it for the proxy's part
+        arrived = time.monotonic()
         if self._http_inflight >= self.cfg.max_concurrent:
             err = GeoHTTPError(429, f"region {self.region}: {self._http_inflight} requests in progress at this "
                                     f"ingress (max_concurrent {self.cfg.max_concurrent}); retry later",
