@@ -118,20 +118,13 @@ def measure_overhead(base: str, model_step, model_dir: str) -> float:
 
 
 def run_real(model_dir: str, args, workloads, measured, cpt: float) -> dict:
-    import ray
-    from ray import serve
-
     from ray_geolb.demo import LoadRun, _warmup
     from ray_geolb.serve.app import build_region_apps, deploy_region_apps
-    from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
+    from ray_geolb.serve.local import serve_on_region_cluster
     from ray_geolb.vllm_cpu.config import cpu_llm_config
     from ray_geolb.vllm_cpu.step_profile import fit_rows
 
-    cluster = start_region_cluster(list(REPLICAS), ray_temp_dir("geolb_svr_"), namespace="geolb_svr", num_cpus=8)
-    try:
-        port = free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-        base = f"http://127.0.0.1:{port}"
+    with serve_on_region_cluster(list(REPLICAS), "geolb_svr_", "geolb_svr", num_cpus=8) as base:
         cfg = cpu_llm_config(model_dir, model_id="tiny-llama",
                              engine_kwargs={"max_num_seqs": MAX_NUM_SEQS, "max_model_len": MAX_MODEL_LEN})
         token = "sim-vs-real-admin-token-0123"
@@ -155,12 +148,6 @@ def run_real(model_dir: str, args, workloads, measured, cpt: float) -> dict:
                 "ttft_p99_s": percentile([r["ttft"] for r in ok], 99),
                 "cross_region_share": sum(1 for r in ok if r["route"] == "forwarded") / max(1, len(ok)),
                 "engine_work": {k: work1[k] - work0[k] for k in work1}}
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
 
 
 def engine_work(app_names) -> dict:

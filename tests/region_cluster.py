@@ -12,11 +12,10 @@ import copy
 import time
 
 import httpx
-import ray
 import yaml
 from ray import serve
 
-from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
+from ray_geolb.serve.local import serve_on_region_cluster
 from repo import REPO
 
 EMULATED_SERVER = "ray_geolb.serve.llm_server:EmulatedLLMServer"
@@ -27,19 +26,9 @@ def region_cluster(regions, prefix: str, namespace: str, metrics_port=None, num_
     """Start the cluster and Serve (one proxy, on the head); yields ``(base_url, port)``. With
     ``metrics_port``, the head node (the first region) serves Prometheus metrics there. ``num_cpus``:
     logical CPUs per region node (a real vLLM replica takes 2)."""
-    cluster = start_region_cluster(list(regions), ray_temp_dir(prefix), namespace=namespace,
-                                   metrics_export_port=metrics_port, num_cpus=num_cpus)
-    try:
-        port = free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
-        yield f"http://127.0.0.1:{port}", port
-    finally:
-        try:
-            serve.shutdown()
-        except Exception:
-            pass
-        ray.shutdown()
-        cluster.shutdown()
+    with serve_on_region_cluster(list(regions), prefix, namespace, num_cpus=num_cpus,
+                                 metrics_export_port=metrics_port) as base:
+        yield base, int(base.rsplit(":", 1)[1])
 
 
 def wait_for_peers(base: str, regions, headers: dict, timeout: float = 60.0) -> None:

@@ -116,3 +116,27 @@ def start_region_cluster(regions: List[str], tmp: Optional[str] = None, namespac
         cluster.shutdown()
         raise
     return cluster
+
+
+@contextlib.contextmanager
+def serve_on_region_cluster(regions: List[str], prefix: str = "geolb_", namespace: str = "geolb", num_cpus: int = 1,
+                            metrics_export_port: Optional[int] = None) -> Iterator[str]:
+    """:func:`start_region_cluster` (in a new temp dir named ``prefix``...) with Ray Serve started on it (one
+    HTTP proxy, on the head, at a free port on 127.0.0.1); yields the proxy's base URL and shuts Serve,
+    this process's Ray connection and the cluster down afterwards, whatever happened."""
+    import ray
+    from ray import serve
+
+    cluster = start_region_cluster(list(regions), ray_temp_dir(prefix), namespace=namespace, num_cpus=num_cpus,
+                                   metrics_export_port=metrics_export_port)
+    try:
+        port = free_port()
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        try:
+            serve.shutdown()
+        except Exception:  # noqa: BLE001 - already down: the cluster still goes
+            pass
+        ray.shutdown()
+        cluster.shutdown()

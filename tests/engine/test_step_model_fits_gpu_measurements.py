@@ -78,7 +78,8 @@ def test_a_short_chunk_and_a_lone_decode_read_their_context_at_different_rates(c
     assert lone == pytest.approx(step.decode_attn_per_ctx_token_s, rel=0.10)
     per_p = {}
     for P in (16, 64, 128):
-        per_p[P] = _slope([(ch[0][1], t) for ch, B, L, t in rows if len(ch) == 1 and ch[0][0] == P and ch[0][1] >= 8192])
+        per_p[P] = _slope([(ch[0][1], t) for ch, B, L, t in rows
+                           if len(ch) == 1 and ch[0][0] == P and ch[0][1] >= 8192])
     assert 85e-9 < per_p[16] < 115e-9 and per_p[64] == pytest.approx(per_p[16], rel=0.08)
     assert per_p[128] == pytest.approx(2 * per_p[64], rel=0.10)
     assert per_p[16] > 2.3 * lone
