@@ -56,16 +56,16 @@ async def one(client, url: str, i: int, timeout_s, max_tokens: int) -> dict:
     try:
         r = await client.post(url, json=body(i, max_tokens), headers=headers)
         status, retry_after = r.status_code, r.headers.get("retry-after")
-        kind = None
+        kind = message = None
         if status != 200:
             try:
-                kind = r.json()["error"]["type"]
+                kind, message = r.json()["error"]["type"], r.json()["error"]["message"]
             except Exception:  # noqa: BLE001 - not our JSON
                 kind = "?"
     except Exception as e:  # noqa: BLE001 - a client-side failure is a result too
-        status, retry_after, kind = -1, None, type(e).__name__
+        status, retry_after, kind, message = -1, None, type(e).__name__, None
     return {"i": i, "deadline": timeout_s is not None, "status": status, "retry_after": retry_after,
-            "type": kind, "latency_s": time.monotonic() - t0}
+            "type": kind, "message": message, "latency_s": time.monotonic() - t0}
 
 
 async def wait_ready(client, url: str, timeout: float = 180.0) -> None:
@@ -102,6 +102,9 @@ def report(results: List[dict], timeout_s: float) -> dict:
             print(f"    refused {st} {typ}: {n} ({ra})", flush=True)
         if ref_lat:
             print(f"    refusals came after: p50 {percentile(ref_lat, 50):.2f} s, max {ref_lat[-1]:.2f} s", flush=True)
+            early = sorted((r for r in rs if r["type"] == "deadline_unreachable"), key=lambda r: r["i"])
+            for r in early[:1] + early[-1:]:  # what the ingress expected, for the first and the last sent
+                print(f"    e.g. request {r['i']}: {r['message']} (Retry-After {r['retry_after']})", flush=True)
         if group == "deadline":
             over = sum(1 for x in lat if x > timeout_s + MARGIN_S)
             over1 = sum(1 for x in lat if x > timeout_s + 1.0)
