@@ -71,8 +71,8 @@ from .workloads.geo_diurnal import (
     load_demand,
 )
 
-__all__ = ["DEFAULT_SYSTEMS", "placements", "plan", "add_plan_parser", "run_plan", "format_plan", "plot_plan",
-           "load_demand", "POOL_LBS"]
+__all__ = ["DEFAULT_SYSTEMS", "placements", "plan", "add_plan_parser", "run_plan", "format_plan", "format_sweep",
+           "parse_slos", "plot_plan", "load_demand", "POOL_LBS"]
 
 DEFAULT_PLAN_DAY_S = DEFAULT_DAY_S
 POOL_LBS = ("ray-prefix", "sgl")  # the pooled bounds' central prefix-aware LBs (the bound: the fewer of them)
@@ -463,7 +463,9 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--rate-scale", type=float, default=1.0, help="multiply every rate (default 1)")
     sp.add_argument("--profile", default=DEFAULT_PROFILE,
                     help=f"engine profile, one GPU each (default {DEFAULT_PROFILE})")
-    sp.add_argument("--ttft-slo", type=float, default=1.0, help="P99 TTFT SLO in seconds (default 1)")
+    sp.add_argument("--ttft-slo", default="1",
+                    help="P99 TTFT SLO in seconds, or several comma-separated (an SLO sweep: one plan per SLO and "
+                         "a table of GPUs per system per SLO), e.g. 0.3,0.5,1,2 (default 1)")
     sp.add_argument("--tpot-slo", type=float, default=None, help="optional P99 TPOT SLO in seconds per token")
     sp.add_argument("--price", default=None, metavar="REGION=USD_PER_GPU_HOUR[,...]",
                     help="GPU price per region, e.g. us=2.5,eu=2.9,asia=3.1")
@@ -502,10 +504,42 @@ def _parse_prices(parser, spec: Optional[str]) -> Dict[str, float]:
     return out
 
 
+def parse_slos(parser, spec: str) -> List[float]:
+    """``--ttft-slo``: one or more comma-separated seconds, each a finite number > 0 (parser error naming it)."""
+    out: List[float] = []
+    for part in str(spec).split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            parser.error(f"--ttft-slo: {part.strip()!r} is not a number of seconds")
+        if not (math.isfinite(v) and v > 0):
+            parser.error(f"--ttft-slo must be a finite number > 0, got {part.strip()}")
+        if v in out:
+            parser.error(f"--ttft-slo: {part.strip()} is listed twice")
+        out.append(v)
+    return out
+
+
+def format_sweep(plans: List[Dict[str, Any]]) -> str:
+    """GPUs per system (rows) per SLO (columns) of an SLO sweep; ``none <= N`` where a system meets the
+    SLO at no count up to ``--max-replicas``."""
+    slos = [p["slo_text"] for p in plans]
+    systems = [r["system"] for r in plans[0]["systems"]]
+    rows = []
+    for s in systems:
+        row = [s]
+        for p in plans:
+            r = next(x for x in p["systems"] if x["system"] == s)
+            row.append(str(r["gpus"]) if r.get("gpus") else f"none <= {p['max_replicas']}")
+        rows.append(row)
+    pooled = ["pooled reference"] + [str((p.get("bounds") or {}).get("one_pooled_region") or "-") for p in plans]
+    return text_table([["system"] + slos, *rows, pooled])
+
+
 def run_plan(args) -> int:
     parser = getattr(args, "_plan_parser", None) or argparse.ArgumentParser(prog="plan")
-    for flag, v, ok in (("--ttft-slo", args.ttft_slo, args.ttft_slo > 0),
-                        ("--tpot-slo", args.tpot_slo, args.tpot_slo is None or args.tpot_slo > 0),
+    slos = parse_slos(parser, args.ttft_slo)
+    for flag, v, ok in (("--tpot-slo", args.tpot_slo, args.tpot_slo is None or args.tpot_slo > 0),
                         ("--rate-scale", args.rate_scale, args.rate_scale > 0),
                         ("--day-s", args.day_s, args.day_s > 0),
                         ("--mean-rps", args.mean_rps, args.mean_rps is None or args.mean_rps > 0),
@@ -521,32 +555,51 @@ def run_plan(args) -> int:
     seeds = parse_seeds(parser, args.seeds)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     prices = _parse_prices(parser, args.price)
-    try:
-        p = plan(demand, SLO(args.ttft_slo, args.tpot_slo), systems=systems, profile=args.profile, prices=prices,
-                 seeds=seeds, day_s=args.day_s, multiplier=args.rate_scale, max_replicas=args.max_replicas,
-                 bounds=args.bounds, ray=args.ray, address=args.address, progress=args.progress,
-                 capacity=args.capacity, pool_lbs=[s.strip() for s in args.pool_lbs.split(",") if s.strip()])
-    except ValueError as e:
-        field = str(e).split(":", 1)[0].split(" ", 1)[0]
-        flag = {"profile": "--profile", "systems": "--systems", "prices": "--price", "seeds": "--seeds",
-                "max_replicas": "--max-replicas", "demand": "--demand", "pool_lbs": "--pool-lbs"}.get(field)
-        parser.error(f"{flag}: {e}" if flag else str(e))
-    wall = p.pop("_wall_s")
-    p.pop("wall_s_note", None)
-    text = format_plan(p)
-    print(text)
-    print(f"\nplan: {wall:.1f} s wall", file=sys.stderr)
-    if args.out:
-        from .metrics import dumps
-
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "plan.json"), "w") as f:
-            f.write(dumps(p))
-        with open(os.path.join(args.out, "plan.txt"), "w") as f:
-            f.write(text + "\n")
+    plans = []
+    for ttft in slos:
         try:
-            png = plot_plan(p, os.path.join(args.out, "plan.png"))
-            print(f"wrote {os.path.join(args.out, 'plan.json')}, {png}", file=sys.stderr)
-        except ImportError as e:
-            print(f"no plot ({e})", file=sys.stderr)
+            p = plan(demand, SLO(ttft, args.tpot_slo), systems=systems, profile=args.profile, prices=prices,
+                     seeds=seeds, day_s=args.day_s, multiplier=args.rate_scale, max_replicas=args.max_replicas,
+                     bounds=args.bounds, ray=args.ray, address=args.address, progress=args.progress,
+                     capacity=args.capacity, pool_lbs=[s.strip() for s in args.pool_lbs.split(",") if s.strip()])
+        except ValueError as e:
+            field = str(e).split(":", 1)[0].split(" ", 1)[0]
+            flag = {"profile": "--profile", "systems": "--systems", "prices": "--price", "seeds": "--seeds",
+                    "max_replicas": "--max-replicas", "demand": "--demand", "pool_lbs": "--pool-lbs"}.get(field)
+            parser.error(f"{flag}: {e}" if flag else str(e))
+        wall = p.pop("_wall_s")
+        p.pop("wall_s_note", None)
+        text = format_plan(p)
+        print(text if len(slos) == 1 else f"== {p['slo_text']} ==\n{text}\n")
+        print(f"\nplan at {p['slo_text']}: {wall:.1f} s wall ({len(systems)} systems, demand {demand.source})",
+              file=sys.stderr)
+        _write_plan(args.out, p, text, "" if len(slos) == 1 else f"_slo{ttft:g}")
+        plans.append(p)
+    if len(plans) > 1:
+        sweep = format_sweep(plans)
+        print(f"GPUs per system per SLO ({demand.source}; seeds {','.join(map(str, seeds))}):\n{sweep}")
+        if args.out:
+            from .metrics import dumps
+
+            with open(os.path.join(args.out, "sweep.txt"), "w") as f:
+                f.write(sweep + "\n")
+            with open(os.path.join(args.out, "sweep.json"), "w") as f:
+                f.write(dumps({"slos": [p["slo"] for p in plans], "plans": plans}))
     return 0
+
+
+def _write_plan(out: Optional[str], p: Dict[str, Any], text: str, suffix: str) -> None:
+    if not out:
+        return
+    from .metrics import dumps
+
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"plan{suffix}.json"), "w") as f:
+        f.write(dumps(p))
+    with open(os.path.join(out, f"plan{suffix}.txt"), "w") as f:
+        f.write(text + "\n")
+    try:
+        png = plot_plan(p, os.path.join(out, f"plan{suffix}.png"))
+        print(f"wrote {os.path.join(out, f'plan{suffix}.json')}, {png}", file=sys.stderr)
+    except ImportError as e:
+        print(f"no plot ({e})", file=sys.stderr)

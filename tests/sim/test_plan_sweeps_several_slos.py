@@ -1,0 +1,37 @@
+"""``plan --ttft-slo 0.5,1``: one plan per SLO and a table of GPUs per system per SLO, with a system that
+meets an SLO at no count marked as such; a bad SLO in the list is an error naming ``--ttft-slo``."""
+
+import json
+
+import pytest
+
+from ray_geolb.__main__ import main
+
+
+def test_an_slo_sweep_writes_one_plan_per_slo_and_the_table(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    rc = main(["plan", "--mean-rps", "8", "--day-s", "24", "--capacity", "20", "--systems", "geoprefix,region-local",
+               "--no-bounds", "--no-progress", "--ttft-slo", "0.5,1", "--max-replicas", "6", "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "GPUs per system per SLO" in printed
+    table = (out / "sweep.txt").read_text().splitlines()
+    assert "P99 TTFT <= 0.5 s" in table[0] and "P99 TTFT <= 1 s" in table[0]
+    sweep = json.loads((out / "sweep.json").read_text())
+    assert [p["slo"]["ttft_s"] for p in sweep["plans"]] == [0.5, 1.0]
+    for p, slo in zip(sweep["plans"], ("0.5", "1")):
+        assert (out / f"plan_slo{slo}.json").exists()
+        for row in p["systems"]:
+            line = next(x for x in table if x.startswith(row["system"]))
+            # every cell is the plan's GPU count, or says no count up to --max-replicas met the SLO
+            assert (str(row["gpus"]) in line) if row.get("gpus") else ("none <= 6" in line)
+
+
+@pytest.mark.parametrize("spec, says", [("1,0", "> 0"), ("0.5,fast", "not a number"), ("1,1", "twice"),
+                                        ("1,inf", "> 0")])
+def test_a_bad_slo_in_the_list_is_an_error_naming_the_flag(spec, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--capacity", "20", "--day-s", "12", "--no-progress", "--ttft-slo", spec])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--ttft-slo" in err and says in err
