@@ -319,7 +319,6 @@ def test_the_deadline_comes_from_config_or_the_clients_shorter_header():
 def test_the_deadline_travels_with_a_forward_as_the_time_left():
     from ray_geolb.policy.region import RegionDecision
     from ray_geolb.serve.ingress.context import RequestContext
-
     from ray_geolb.serve.ingress.deadlines import reserve_for
 
     ctx = parse_request(json.dumps(chat("hi")).encode(), {"x-geolb-timeout-s": "5"}, "chat", CFG,

@@ -12,8 +12,7 @@ from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import RegionDecision
 from ray_geolb.policy.region.queue_rule import DEADLINE_UNREACHABLE, REFUSE, WAIT, QueueRule
 from ray_geolb.serve.ingress import AdmissionQueue, GeoHTTPError, IngressConfig
-from ray_geolb.serve.ingress.deadlines import (DEADLINE_RESERVE_S, DeadlineEstimates, deadline_from_arrival,
-                                               reserve_for)
+from ray_geolb.serve.ingress.deadlines import DEADLINE_RESERVE_S, DeadlineEstimates, deadline_from_arrival, reserve_for
 
 HOLD = RegionDecision("hold", reason="local_full")
 LOCAL = RegionDecision("local", None, 0, "local_available")

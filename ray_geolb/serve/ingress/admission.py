@@ -31,22 +31,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterator, Optional, Tuple
 
-#: (expected wait for the queue ahead, expected service), seconds (None: unknown), of the request whose
-#: key in the queue is the argument (None: a newcomer, behind every waiting request)
-Expect = Callable[[Optional[Hashable]], Tuple[Optional[float], Optional[float]]]
-
 from ray_geolb.aio import wait_or_timeout
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region import RegionDecision
 from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule
 
-from .deadlines import DeadlineEstimates
-
 from .config import IngressConfig
+from .deadlines import DeadlineEstimates
 from .errors import GeoHTTPError
 
-__all__ = ["AdmissionQueue", "HandOver", "Waiter"]
+__all__ = ["AdmissionQueue", "Expect", "HandOver", "Waiter"]
+
+#: (expected wait for the queue ahead, expected service), seconds (None: unknown), of the request whose
+#: key in the queue is the argument (None: a newcomer, behind every waiting request)
+Expect = Callable[[Optional[Hashable]], Tuple[Optional[float], Optional[float]]]
 
 #: re-decide period of a waiting request that is not the head (it cannot take a local replica)
 BEHIND_HEAD_POLL_S = 0.25

@@ -22,7 +22,6 @@ from ray.exceptions import RayActorError
 
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import RegionDecision
-
 from ray_geolb.serve.clock import policy_now
 
 from .context import RequestContext, wait_bound
