@@ -55,6 +55,9 @@ def test_stat_logger_plugin_ttft_samples_from_finished_requests():
 
     sp.reset_stats()
     lg = sp.GeoStatLogger(vllm_config=None, engine_index=0)
+    cold = IterationStats()  # the engine's first iteration (its cold step), well before these requests
+    cold.iteration_timestamp -= 10.0
+    lg.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=0, kv_cache_usage=0.1), cold)
     it = IterationStats()
 
     def fin(**kw):
