@@ -148,37 +148,24 @@ def main(argv=None) -> int:
     from ray_geolb.serve.llm_server import guard_broken_torch_extras
 
     guard_broken_torch_extras()
-    import ray
-    from ray import serve
-
     from ray_geolb.serve.app import deploy_region_apps
-    from ray_geolb.serve.local import free_port, ray_temp_dir, start_region_cluster
+    from ray_geolb.serve.local import serve_on_region_cluster
 
     print(f"bench_deadlines: {args.requests} concurrent non-streamed chat requests, every second one with "
           f"x-geolb-timeout-s: {args.timeout_s:g}; region {REGION}: {args.replicas} emulated LLMServer replicas "
           f"(max_num_seqs {args.max_num_seqs}, {args.output_tokens} output tokens, engine time x{args.time_scale:g}); "
           f"no registry; {os.cpu_count()} CPUs", flush=True)
-    cluster = start_region_cluster([REGION], ray_temp_dir("geolb_dl_"), namespace="geolb_bench_dl",
-                                   num_cpus=max(2, os.cpu_count() or 2))
     summary: List[Dict] = []
-    try:
-        port = free_port()
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": port})
+    with serve_on_region_cluster([REGION], "geolb_dl_", "geolb_bench_dl", num_cpus=max(2, os.cpu_count() or 2)) as base:
         apps = build(args)
         deploy_region_apps(apps)
-        url = f"http://127.0.0.1:{port}{apps[0].route_prefix}/v1/chat/completions"
+        url = f"{base}{apps[0].route_prefix}/v1/chat/completions"
         for rnd in range(args.rounds):
             print(f"round {rnd + 1}", flush=True)
             res = asyncio.run(burst(url, args))
             summary.append(report(res, args.timeout_s))
             time.sleep(2.0)
         print(f"summary: {summary}", flush=True)
-    finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
-            cluster.shutdown()
     return 0
 
 
