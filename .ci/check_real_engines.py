@@ -27,6 +27,9 @@ from typing import List, Optional
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+sys.path.insert(0, str(ROOT / ".ci"))
+from check_readme_commands import _bash_blocks, _section  # noqa: E402 - the README's parsing, one copy
+
 SECTION = "Real engines on CPU"
 VENV = ".venv-cpu"
 
@@ -36,22 +39,8 @@ def say(msg: str) -> None:
 
 
 def section_commands(text: str) -> List[str]:
-    m = re.search(rf"^## {re.escape(SECTION)}.*?$(.*?)(?=^## |\Z)", text, re.M | re.S)
-    if not m:
-        raise SystemExit(f"README.md has no '## {SECTION}' section")
-    cmds = []
-    for block in re.findall(r"```bash\n(.*?)```", m.group(1), re.S):
-        cur = ""
-        for line in block.splitlines():
-            line = line.rstrip()
-            if line.endswith("\\"):
-                cur += line[:-1] + " "
-                continue
-            cur = re.sub(r"\s+#.*$", "", cur + line).strip()
-            if cur and not cur.startswith("#"):
-                cmds.append(re.sub(r"\s+", " ", cur))
-            cur = ""
-    return cmds
+    """The commands of the README's real-engine section (its bash blocks, read as the main job's are)."""
+    return [c for block in _bash_blocks(_section(text, SECTION)) for c in block]
 
 
 def run(argv: List[str], timeout: float) -> tuple:
