@@ -15,12 +15,20 @@
 * :func:`goodput`: the largest rate multiplier ``m`` at which P99 TTFT <= SLO (and P99 TPOT <= SLO).
   Deterministic search per seed on a fixed grid: start at ``start``; double while it passes (halve
   while it fails) up to ``max_doublings`` steps, then ``bisect_steps`` bisections of [last pass, first
-  fail] at the geometric midpoint rounded to 3 significant digits. The searches of all seeds (and of
-  all deployments given to :func:`goodput_many`) run in lockstep rounds, each round one batch through
-  the runner (:func:`~ray_geolb.sim.sweep.run_many`: local by default, Ray with ``ray``/``address``), so
-  the result is a function of the inputs only: byte-identical whatever the parallelism. Reported per
-  seed, with the spread (min / mean / max) over seeds. The search assumes passing is monotone in the
-  multiplier (a model assumption, see the tests).
+  fail] at the geometric midpoint rounded to 3 significant digits (the command's default, 6 bisections,
+  narrows a x2 bracket to 2 ** (1 / 64): about 1.1 %; each seed's answer carries its bracket's relative
+  width, ``resolution``). The searches of all seeds (and of all deployments given to :func:`goodput_many`)
+  run in lockstep rounds, each round one batch through the runner (:func:`~ray_geolb.sim.sweep.run_many`:
+  local by default, Ray with ``ray``/``address``), so the result is a function of the inputs only:
+  byte-identical whatever the parallelism. Reported per seed, with the spread (min / mean / max) over
+  seeds. The search assumes passing is monotone in the multiplier (a model assumption, see the tests).
+* **Several SLOs at once** (the command's ``--ttft-slo 0.3,0.5,1,2``): one search per SLO and seed, and a
+  (seed, multiplier) that any of them needs is simulated once and judged at every SLO (a run dict with
+  ``"slos"``; the cut-off is the longest SLO's, :func:`tail_s`: the same 20 s for every TTFT SLO up to
+  4 s), so the sweep shares its runs and each SLO gets the answer its own search would give. Every
+  multiplier simulated is a point of the seed's **curve** (P99 TTFT / TPOT, and attainment per SLO): the
+  command publishes those curves and judges the first system against each other one, a difference
+  inside the search's resolution or the seeds' spread being a tie (:mod:`~ray_geolb.sim.goodput_report`).
 * :func:`attainment`: SLO attainment at a fixed load (one run per seed).
 
 A run dict here is a :class:`~ray_geolb.sim.run_spec.RunSpec` dict with an extra key ``"slo"``
@@ -34,12 +42,16 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
 
 __all__ = ["DEFAULT_PROFILE", "DEFAULT_SYSTEMS", "SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment",
-           "run_lockstep", "grid_round", "add_goodput_parser", "run_goodput"]
+           "run_lockstep", "grid_round", "spread", "parse_slos", "add_goodput_parser", "run_goodput"]
 
 BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
 #: the systems ``plan`` and ``goodput`` compare by default, and the engine profile they run
 DEFAULT_SYSTEMS = ["geoprefix", "region-local", "sgl", "ray-prefix"]
 DEFAULT_PROFILE = "llama3.1-8b-h100"
+#: the goodput command's bisections after bracketing: a bracket of x2 narrowed to 2 ** (1 / 64), about 1.1 %
+BISECT_STEPS = 6
+#: the goodput command's doublings (or halvings) from ``--start`` before it gives up bracketing
+MAX_DOUBLINGS = 10
 
 
 @dataclass(frozen=True)
@@ -88,23 +100,27 @@ def _stats(rows: List[tuple], missed: int, slo: SLO) -> Dict[str, Any]:
             "attainment": ok / n if n else None, "meets": bool(meets)}
 
 
-def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = None) -> Dict[str, Any]:
-    """One run (a RunSpec dict + ``"slo"``) -> SLO figures (module docstring). Pure: a function of ``run``."""
-    from .attribution import attribute
+def _simulate(run: Dict[str, Any], progress) -> tuple:
+    """Simulate one run dict (RunSpec + ``"slo"`` or ``"slos"``, optional ``"hour_s"``): (spec, slos, hour_s,
+    workload, result). The SLOs do not enter the simulation (the cut-off is the run's ``duration_s``)."""
     from .deploy import deployment_for
     from .run_spec import RunSpec
     from .scenarios import build_workload
     from .simulator import simulate
 
     run = dict(run)
-    slo = SLO(**run.pop("slo"))
+    slos = [SLO(**d) for d in run.pop("slos")] if "slos" in run else [SLO(**run.pop("slo"))]
     hours_of = run.pop("hour_s", None)  # seconds per hour of the compressed day (per-hour figures)
     spec = RunSpec.model_validate(run)
     wl = build_workload(spec.workload)
     if wl.open is None:
         raise ValueError("workload: SLO goodput needs an open-loop workload (e.g. geo-diurnal)")
     dep = deployment_for(spec.system, spec.replicas, **spec.deploy)
-    res = simulate(wl, dep, spec.sim, progress=progress)
+    return spec, slos, hours_of, wl, simulate(wl, dep, spec.sim, progress=progress)
+
+
+def _tally(spec, wl, res, hours_of) -> Dict[str, Any]:
+    """Requests sent (per client region, per hour) and each completed one's (TTFT, TPOT) row, grouped alike."""
     sent_by_region: Dict[str, int] = {}
     sent_by_hour: Dict[tuple, int] = {}
     for t, prog in wl.open.arrivals:
@@ -117,27 +133,46 @@ def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = N
     by_hour: Dict[tuple, List[tuple]] = {k: [] for k in sent_by_hour}
     rows = []
     for t_send, ttft, e2e, _prompt, out, _w, _cross, region, _rep in res.requests:
-        tpot = (e2e - ttft) / (out - 1) if out > 1 else None
-        row = (ttft, tpot)
+        row = (ttft, (e2e - ttft) / (out - 1) if out > 1 else None)  # TPOT: after the first token
         rows.append(row)
         by_region.setdefault(region, []).append(row)
         if hours_of:
             by_hour.setdefault((region, int(t_send // hours_of)), []).append(row)
-    total_sent = sum(sent_by_region.values())
-    out = _stats(rows, max(0, total_sent - len(rows)), slo)
-    out["per_region"] = {r: _stats(by_region[r], max(0, sent_by_region.get(r, 0) - len(by_region[r])), slo)
-                         for r in sorted(by_region)}
+    return {"rows": rows, "sent": sum(sent_by_region.values()), "by_region": by_region, "hourly": bool(hours_of),
+            "sent_by_region": sent_by_region, "by_hour": by_hour, "sent_by_hour": sent_by_hour}
+
+
+def _judge(spec, res, tl: Dict[str, Any], slo: SLO) -> Dict[str, Any]:
+    """One simulated run's figures at one SLO (module docstring)."""
+    from .attribution import attribute
+
+    out = _stats(tl["rows"], max(0, tl["sent"] - len(tl["rows"])), slo)
+    out["per_region"] = {r: _stats(rows, max(0, tl["sent_by_region"].get(r, 0) - len(rows)), slo)
+                         for r, rows in sorted(tl["by_region"].items())}
     out["meets_overall"] = out["meets"]
     out["meets"] = out["meets"] and all(st["meets"] for st in out["per_region"].values())
-    if hours_of:
-        out["per_hour"] = {f"{r}/{h:02d}": {k: v for k, v in _stats(by_hour[(r, h)], max(
-            0, sent_by_hour.get((r, h), 0) - len(by_hour[(r, h)])), slo).items() if k in ("p99_ttft_s", "sent")}
-            for (r, h) in sorted(by_hour)}
-    out["attribution"] = attribute(res, slo.ttft_s, total_sent)
+    if tl["hourly"]:
+        out["per_hour"] = {f"{r}/{h:02d}": {k: v for k, v in _stats(rows, max(
+            0, tl["sent_by_hour"].get((r, h), 0) - len(rows)), slo).items() if k in ("p99_ttft_s", "sent")}
+            for (r, h), rows in sorted(tl["by_hour"].items())}
+    out["attribution"] = attribute(res, slo.ttft_s, tl["sent"])
     out.update({"label": spec.label, "system": spec.system, "replicas": dict(spec.replicas),
                 "seed": spec.sim.seed, "multiplier": spec.workload.kw.get("multiplier", 1.0),
                 "slo": slo.to_dict(), "counters": dict(res.counters), "elapsed_s": res.elapsed_s})
     return out
+
+
+def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = None) -> Dict[str, Any]:
+    """One run (a RunSpec dict + ``"slo"``) -> SLO figures (module docstring). Pure: a function of ``run``.
+    With ``"slos"`` (a list of ``SLO.to_dict()``) instead: ONE simulation judged at each SLO,
+    ``{"by_slo": [figures at each SLO, in order], "seed", "multiplier", "label"}``."""
+    spec, slos, hours_of, wl, res = _simulate(run, progress)
+    tl = _tally(spec, wl, res, hours_of)
+    judged = [_judge(spec, res, tl, slo) for slo in slos]
+    if "slos" not in run:
+        return judged[0]
+    return {"by_slo": judged, "seed": spec.sim.seed, "multiplier": spec.workload.kw.get("multiplier", 1.0),
+            "label": spec.label}
 
 
 # ------------------------------------------------------------------------------------------ lockstep runner
@@ -231,47 +266,105 @@ def _with_multiplier(run: dict, m: float, seed: int) -> dict:
     return r
 
 
-def _goodput_search(run: dict, seeds: Sequence[int], start: float, max_doublings: int,
-                    bisect_steps: int) -> Search:
-    """Per seed: doubling / halving, then bisection (module docstring); all seeds in lockstep."""
-    state = {s: {"lo": None, "hi": None, "k": 0, "bis": 0, "tried": {}} for s in seeds}
+class _Bracket:
+    """One seed's search at one SLO (module docstring): ``start``; doubling while it passes (halving while it
+    fails) for up to ``max_doublings`` steps; then ``bisect_steps`` bisections of [last pass, first fail] at
+    the geometric midpoint on the 3-digit grid."""
 
-    def next_m(st) -> Optional[float]:
-        lo, hi = st["lo"], st["hi"]
+    def __init__(self, start: float, max_doublings: int, bisect_steps: int):
+        self.start, self.max_doublings, self.bisect_steps = start, max_doublings, bisect_steps
+        self.lo: Optional[float] = None
+        self.hi: Optional[float] = None
+        self.k = self.bis = 0
+        self.tried: Dict[float, dict] = {}
+
+    def next_m(self) -> Optional[float]:
+        lo, hi = self.lo, self.hi
         if lo is None and hi is None:
-            return start
-        if hi is None or lo is None:  # bracketing: double from the last pass, halve from the last fail
-            if st["k"] >= max_doublings:
+            return self.start
+        if lo is None or hi is None:  # bracketing: double from the last pass, halve from the last fail
+            if self.k >= self.max_doublings:
                 return None
-            return grid_round(lo * 2) if hi is None else grid_round(hi / 2)
-        if st["bis"] >= bisect_steps:
+            m = grid_round(lo * 2) if hi is None else grid_round(hi / 2)
+            return m if m > 0 else None
+        if self.bis >= self.bisect_steps:
             return None
         mid = grid_round(math.sqrt(lo * hi))
         return None if mid in (lo, hi) else mid
 
+    def feed(self, m: float, res: dict) -> None:
+        if self.lo is not None and self.hi is not None:
+            self.bis += 1
+        else:
+            self.k += 1
+        self.tried[m] = res
+        if res["meets"]:
+            self.lo = m
+        else:
+            self.hi = m
+
+    def answer(self) -> dict:
+        lo, hi = self.lo, self.hi
+        return {"goodput_multiplier": lo or 0.0, "first_fail": hi,
+                "resolution": (hi / lo - 1.0) if lo and hi else None,
+                "tried": {f"{m:g}": {k: r[k] for k in ("meets", "p99_ttft_s", "p99_tpot_s", "attainment")}
+                          for m, r in sorted(self.tried.items())}}
+
+
+def spread(per_seed: Dict[int, dict], seeds: Sequence[int]) -> Dict[str, Any]:
+    """min / mean / max of the goodput over ``seeds``, and the search's resolution: the largest relative
+    width ``first_fail / goodput - 1`` of a seed's final bracket (None where no seed has both ends)."""
+    gs = [per_seed[s]["goodput_multiplier"] for s in seeds]
+    res = [per_seed[s]["resolution"] for s in seeds if per_seed[s]["resolution"] is not None]
+    return {"min": min(gs), "max": max(gs), "mean": sum(gs) / len(gs), "seeds": list(seeds),
+            "resolution": max(res) if res else None}
+
+
+def _curve_point(m: float, r: dict) -> dict:
+    first = r["by_slo"][0]  # the P99s do not depend on the SLO; attainment and meeting it do
+    return {"multiplier": m, "p99_ttft_s": first["p99_ttft_s"], "p99_tpot_s": first["p99_tpot_s"],
+            "per_region_p99_ttft_s": {g: st["p99_ttft_s"] for g, st in first["per_region"].items()},
+            "sent": first["sent"], "missed": first["missed"],
+            "attainment": [j["attainment"] for j in r["by_slo"]], "meets": [j["meets"] for j in r["by_slo"]]}
+
+
+def _goodput_search(run: dict, seeds: Sequence[int], start: float, max_doublings: int, bisect_steps: int,
+                    slos: Optional[Sequence[SLO]] = None, at: Optional[float] = None) -> Search:
+    """Per SLO and seed a :class:`_Bracket`, all in lockstep. A (seed, multiplier) that any of them needs is
+    simulated once and judged at every SLO (:func:`slo_run` with ``"slos"``), so an SLO sweep's searches
+    share their runs; ``at``: every seed also runs at that multiplier (attainment at a fixed load).
+    Returns ``by_slo`` (the answer per SLO: per seed and :func:`spread`), ``curve`` (per seed, every
+    multiplier simulated, in order: P99 TTFT / TPOT, and attainment and meeting it per SLO) and ``at``."""
+    slos = list(slos) if slos else [SLO(**run["slo"])]
+    base = {k: v for k, v in run.items() if k != "slo"}
+    base["slos"] = [s.to_dict() for s in slos]
+    brackets = {(k, s): _Bracket(start, max_doublings, bisect_steps) for k in range(len(slos)) for s in seeds}
+    done: Dict[tuple, dict] = {}
     while True:
-        todo = {}
-        for s, st in state.items():
-            m = next_m(st)
-            if m is not None and m > 0:
-                todo[s] = m
-        if not todo:
+        want = set()
+        for (k, s), b in brackets.items():
+            m = b.next_m()
+            while m is not None and (s, m) in done:  # another SLO's search ran it already
+                b.feed(m, done[(s, m)]["by_slo"][k])
+                m = b.next_m()
+            if m is not None:
+                want.add((s, m))
+        if at is not None:
+            want.update((s, at) for s in seeds if (s, at) not in done)
+        if not want:
             break
-        results = yield [_with_multiplier(run, m, s) for s, m in todo.items()]
-        for (s, m), res in zip(todo.items(), results):
-            st = state[s]
-            st["tried"][m] = res
-            st["bis" if st["lo"] is not None and st["hi"] is not None else "k"] += 1
-            st["lo" if res["meets"] else "hi"] = m
-    per_seed = {}
-    for s, st in state.items():
-        per_seed[s] = {"goodput_multiplier": st["lo"] or 0.0, "first_fail": st["hi"],
-                       "tried": {f"{m:g}": {"meets": r["meets"], "p99_ttft_s": r["p99_ttft_s"],
-                                            "p99_tpot_s": r["p99_tpot_s"], "attainment": r["attainment"]}
-                                 for m, r in sorted(st["tried"].items())}}
-    gs = [v["goodput_multiplier"] for v in per_seed.values()]
-    return {"per_seed": per_seed, "min": min(gs), "max": max(gs), "mean": sum(gs) / len(gs),
-            "seeds": list(seeds)}
+        todo = sorted(want)
+        results = yield [_with_multiplier(base, m, s) for s, m in todo]
+        done.update(zip(todo, results))
+    by_slo = []
+    for k, slo in enumerate(slos):
+        per_seed = {s: brackets[(k, s)].answer() for s in seeds}
+        by_slo.append({"slo": slo.to_dict(), "per_seed": per_seed, **spread(per_seed, seeds)})
+    out = {"by_slo": by_slo, "curve": {s: [_curve_point(m, r) for (s2, m), r in sorted(done.items()) if s2 == s]
+                                       for s in seeds}}
+    if at is not None:
+        out["at"] = {s: done[(s, at)] for s in seeds}
+    return out
 
 
 def goodput_many(runs: Dict[str, dict], slo: SLO, seeds: Sequence[int] = (0,), *, start: float = 1.0,
@@ -287,7 +380,8 @@ def goodput_many(runs: Dict[str, dict], slo: SLO, seeds: Sequence[int] = (0,), *
         run = {**run, "slo": slo.to_dict()}
         run.setdefault("label", name)
         searches[name] = _goodput_search(run, list(seeds), start, max_doublings, bisect_steps)
-    return run_lockstep(searches, ray=ray, address=address, progress=progress, desc="goodput")
+    ans = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="goodput")
+    return {name: {**a["by_slo"][0], "curve": a["curve"]} for name, a in ans.items()}
 
 
 def goodput(run: dict, slo: SLO, seeds: Sequence[int] = (0,), **kw) -> dict:
@@ -310,10 +404,21 @@ def attainment(run: dict, slo: SLO, seeds: Sequence[int] = (0,), *, multiplier: 
 
 
 # ------------------------------------------------------------------------------------------------ CLI
-def _once(runs: List[dict]) -> Search:
-    """A 'search' of one round: the runs' results as they are (attainment at a fixed load)."""
-    results = yield runs
-    return results
+def parse_slos(parser, spec: str, flag: str = "--ttft-slo") -> List[float]:
+    """``--ttft-slo``: one or more comma-separated seconds, each a finite number > 0 (an argparse error
+    naming ``flag`` and the bad value otherwise; a repeated value is one too)."""
+    out: List[float] = []
+    for part in str(spec).split(","):
+        try:
+            v = float(part)
+        except ValueError:
+            parser.error(f"{flag}: {part.strip()!r} is not a number of seconds")
+        if not (math.isfinite(v) and v > 0):
+            parser.error(f"{flag} must be a finite number > 0, got {part.strip()}")
+        if v in out:
+            parser.error(f"{flag}: {part.strip()} is listed twice")
+        out.append(v)
+    return out
 
 
 def add_goodput_parser(subparsers):
@@ -325,45 +430,51 @@ def add_goodput_parser(subparsers):
     sp = subparsers.add_parser(
         "goodput", help="SLO goodput: the largest rate multiplier each system serves within the SLO",
         description=("SLO goodput of each system on a fixed deployment and a day of regional demand: the largest "
-                     "rate multiplier with P99 TTFT (and TPOT) within the SLO, per seed, and SLO attainment at a "
-                     "fixed multiplier (ray_geolb/sim/goodput.py)."))
+                     "rate multiplier with P99 TTFT (and TPOT) within the SLO, per seed, at each SLO given; "
+                     "P99 TTFT and attainment against the multiplier (the curves the searches trace); the first "
+                     "system against each other one (win / tie / loss beyond the seed spread and the search's "
+                     "resolution); SLO attainment at a fixed multiplier (ray_geolb/sim/goodput.py)."))
     sp.add_argument("--demand", default="geo-diurnal-3",
                     help=f"built-in demand ({', '.join(BUILTIN_DEMANDS)}) or a CSV hour,region,rate")
     sp.add_argument("--mean-rps", type=float, default=None, help="built-in demand: total mean req/s over the day")
     sp.add_argument("--regions", default="us=2,eu=2,asia=2", help="replicas per region (default us=2,eu=2,asia=2)")
-    sp.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS), help="comma-separated systems")
+    sp.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help="comma-separated systems; the first is judged against each other one")
     sp.add_argument("--profile", default=DEFAULT_PROFILE, help=f"engine profile (default {DEFAULT_PROFILE})")
-    sp.add_argument("--ttft-slo", type=float, default=1.0, help="P99 TTFT SLO in seconds (default 1)")
-    sp.add_argument("--tpot-slo", type=float, default=None, help="optional P99 TPOT SLO in seconds per token")
+    sp.add_argument("--ttft-slo", default="1",
+                    help="P99 TTFT SLO in seconds, or several comma-separated (an SLO sweep sharing its runs), "
+                         "e.g. 0.3,0.5,1,2 (default 1)")
+    sp.add_argument("--tpot-slo", type=float, default=None,
+                    help="optional P99 TPOT SLO in seconds per output token after the first, with every TTFT SLO")
     sp.add_argument("--seeds", default="0", help="comma-separated seeds (default 0)")
+    sp.add_argument("--held-out-seeds", default="",
+                    help="more seeds, searched alike and reported apart: the verdicts on them are separate")
     sp.add_argument("--day-s", type=float, default=DEFAULT_DAY_S, help="simulated seconds for the 24 h day")
     sp.add_argument("--start", type=float, default=1.0, help="the search's first multiplier (default 1)")
-    sp.add_argument("--bisect-steps", type=int, default=4, help="bisections after bracketing (default 4)")
+    sp.add_argument("--bisect-steps", type=int, default=BISECT_STEPS,
+                    help=f"bisections after bracketing (default {BISECT_STEPS}: a bracket of x2 narrowed to about "
+                         "1.1 %%)")
     sp.add_argument("--at", type=float, default=1.0, help="SLO attainment at this multiplier (default 1)")
     sp.add_argument("--attribute", action="store_true",
                     help="also split the requests lost at --at by where their TTFT went (sim/attribution.py)")
-    sp.add_argument("--out", default=None, help="output directory (goodput.json, goodput.txt)")
+    sp.add_argument("--out", default=None, help="output directory (goodput.json, goodput.txt, goodput.png)")
     add_runner_args(sp)
     sp.set_defaults(func=run_goodput, _goodput_parser=sp)
     return sp
 
 
-def run_goodput(args) -> int:
-    import argparse
-    import os
-    import sys
-
+def _goodput_inputs(args, parser) -> Dict[str, Any]:
+    """The command line's inputs, checked: an argparse error naming the flag for each bad one."""
     from ray_geolb.engine.network import RegionNetwork
     from ray_geolb.engine.profiles import PROFILES
 
     from .deploy import SYSTEMS, parse_regions
-    from .metrics import dumps, text_table
     from .sweep import parse_seeds
-    from .workloads.geo_diurnal import Demand, load_demand
+    from .workloads.geo_diurnal import load_demand
 
-    parser = getattr(args, "_goodput_parser", None) or argparse.ArgumentParser(prog="goodput")
-    for flag, v in (("--ttft-slo", args.ttft_slo), ("--day-s", args.day_s), ("--start", args.start),
-                    ("--at", args.at), ("--tpot-slo", args.tpot_slo), ("--mean-rps", args.mean_rps)):
+    ttfts = parse_slos(parser, args.ttft_slo)
+    for flag, v in (("--day-s", args.day_s), ("--start", args.start), ("--at", args.at),
+                    ("--tpot-slo", args.tpot_slo), ("--mean-rps", args.mean_rps)):
         if v is not None and not (v > 0 and math.isfinite(v)):
             parser.error(f"{flag} must be a finite number > 0, got {v}")
     if args.bisect_steps < 0:
@@ -387,43 +498,38 @@ def run_goodput(args) -> int:
     if not systems or unknown:
         parser.error(f"--systems: unknown system(s) {unknown}; known: {', '.join(sorted(SYSTEMS))}")
     seeds = parse_seeds(parser, args.seeds)
-    slo = SLO(args.ttft_slo, args.tpot_slo)
-    runs = {s: {"label": s, "group": "goodput", "scenario": "goodput", "system": s, "replicas": replicas,
-                "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": args.day_s}},
-                "sim": {"duration_s": args.day_s + tail_s(slo), "seed": 0}, "deploy": {"profile": args.profile},
-                "slo": slo.to_dict()} for s in systems}
-    searches: Dict[str, Search] = {
-        s: _goodput_search(r, seeds, args.start, 10, args.bisect_steps) for s, r in runs.items()}
-    for s, r in runs.items():
-        searches[f"at:{s}"] = _once([_with_multiplier(r, args.at, seed) for seed in seeds])
-    ans = run_lockstep(searches, ray=args.ray, address=args.address, progress=args.progress, desc="goodput")
-    mean_rps = sum(demand.total()) / 24.0
-    rows = [["system", "goodput x (min / mean / max)", "req/s at mean", f"attainment at x{args.at:g}",
-             f"P99 TTFT at x{args.at:g}"]]
-    out = {"demand": {"source": demand.source, "mean_rps": mean_rps, "rates_rps_by_utc_hour": demand.to_kw()},
-           "replicas": replicas, "profile": args.profile, "slo": slo.to_dict(), "seeds": seeds,
-           "compression": {"day_s": args.day_s, "factor": 86400.0 / args.day_s,
-                           "note": Demand.compression_note(args.day_s)}, "systems": {}}
-    for s in systems:
-        g, at = ans[s], ans[f"at:{s}"]
-        att = [m["attainment"] for m in at]
-        p99 = [m["p99_ttft_s"] for m in at]
-        out["systems"][s] = {"goodput": g, "attainment_at": {"multiplier": args.at, "per_seed": att,
-                                                             "p99_ttft_s_per_seed": p99}}
-        rows.append([s, f"{g['min']:g} / {g['mean']:.3g} / {g['max']:g}", f"{g['mean'] * mean_rps:.1f}",
-                     f"{min(att):.2%}-{max(att):.2%}",
-                     "inf" if any(v is None for v in p99) else f"{max(p99):.3f} (worst seed)"])
-    text = (f"goodput: demand {demand.source} (mean {mean_rps:.1f} req/s at x1), replicas {args.regions}, "
-            f"{args.profile}, {slo}, seeds {','.join(map(str, seeds))}\n{Demand.compression_note(args.day_s)}\n\n"
-            + text_table(rows))
-    if getattr(args, "attribute", False):
-        from .attribution import attribution_rows, merge
+    try:
+        held = [int(s) for s in args.held_out_seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--held-out-seeds: expected comma-separated integers, got {args.held_out_seeds!r}")
+    if set(held) & set(seeds):
+        parser.error(f"--held-out-seeds: {sorted(set(held) & set(seeds))} also in --seeds")
+    return {"slos": [SLO(t, args.tpot_slo) for t in ttfts], "demand": demand, "replicas": replicas,
+            "systems": systems, "seeds": seeds, "held_out": held}
 
-        att = {s: merge([m["attribution"] for m in ans[f"at:{s}"]]) for s in systems}
-        for s in systems:
-            out["systems"][s]["attribution_at"] = att[s]
-        text += (f"\n\nwhere the requests lost at x{args.at:g} spent their TTFT (summed over seeds; lost: TTFT over "
-                 f"the SLO, missed: never answered; sim/attribution.py):\n" + text_table(attribution_rows(att)))
+
+def run_goodput(args) -> int:
+    import argparse
+    import os
+    import sys
+
+    from .goodput_report import format_goodput, goodput_result, plot_goodput
+    from .metrics import dumps
+
+    parser = getattr(args, "_goodput_parser", None) or argparse.ArgumentParser(prog="goodput")
+    inp = _goodput_inputs(args, parser)
+    slos, demand = inp["slos"], inp["demand"]
+    tail = max(tail_s(slo) for slo in slos)  # one cut-off for every SLO: each run is judged at all of them
+    searches: Dict[str, Search] = {}
+    for s in inp["systems"]:
+        run = {"label": s, "group": "goodput", "scenario": "goodput", "system": s, "replicas": inp["replicas"],
+               "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": args.day_s}},
+               "sim": {"duration_s": args.day_s + tail, "seed": 0}, "deploy": {"profile": args.profile}}
+        searches[s] = _goodput_search(run, inp["seeds"] + inp["held_out"], args.start, MAX_DOUBLINGS,
+                                      args.bisect_steps, slos, at=args.at)
+    ans = run_lockstep(searches, ray=args.ray, address=args.address, progress=args.progress, desc="goodput")
+    out = goodput_result(ans, inp, args)
+    text = format_goodput(out, attribute=getattr(args, "attribute", False))
     print(text)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
@@ -431,5 +537,9 @@ def run_goodput(args) -> int:
             f.write(dumps(out))
         with open(os.path.join(args.out, "goodput.txt"), "w") as f:
             f.write(text + "\n")
-        print(f"wrote {os.path.join(args.out, 'goodput.json')}", file=sys.stderr)
+        try:
+            png = plot_goodput(out, os.path.join(args.out, "goodput.png"))
+            print(f"wrote {os.path.join(args.out, 'goodput.json')}, {png}", file=sys.stderr)
+        except ImportError as e:
+            print(f"wrote {os.path.join(args.out, 'goodput.json')}; no plot ({e})", file=sys.stderr)
     return 0
