@@ -143,6 +143,99 @@ def gpu_step_times(src: Path) -> None:
     (OUT / "gpu_step_times" / "llama3.1-8b_steps.json").write_text(json.dumps(fx, indent=1) + "\n")
 
 
+#: ServeGen m-large tenants kept for the ``geo-workday-3`` day shape: a stable daily routine (each day's hourly
+#: shares correlate with the client's 14-day mean day at >= WORKDAY_MIN_CONSISTENCY on average) that is a working
+#: day (>= WORKDAY_MIN_SHARE of its requests in local hours WORKDAY_HOURS).
+WORKDAY_MIN_CONSISTENCY = 0.8
+WORKDAY_MIN_SHARE = 0.75
+WORKDAY_HOURS = (8, 20)
+
+
+def servegen_workday(src: Path, out: Path = OUT) -> Path:
+    """``servegen_m-large_workday_tenants_hourly.csv``: the summed 14-day mean hourly rate (req/s, t = 0 = local
+    midnight) of the ServeGen m-large tenants with a working-day routine (the rule above); the clients kept and
+    their share of all requests in the header comments."""
+    import numpy as np
+
+    path = src / "servegen" / "servegen_language_m-large_client_rates.csv"
+    rates: dict[int, "np.ndarray"] = {}
+    with open(path, encoding="utf-8", newline="") as f:
+        reader = csv.reader(f)
+        next(reader)
+        for row in reader:
+            c, w = int(row[0]), int(row[1]) // 600
+            rates.setdefault(c, np.zeros(14 * 144))[w] += float(row[2])
+    total = sum(float(x.sum()) for x in rates.values())
+    keep = []
+    for c in sorted(rates):
+        days = rates[c].reshape(14, 24, 6).mean(axis=2)
+        mean_day = days.mean(axis=0)
+        if mean_day.sum() <= 0:
+            continue
+        share = mean_day / mean_day.sum()
+        corr = [float(np.corrcoef(d / d.sum(), share)[0, 1]) for d in days if d.sum() > 0 and d.std() > 0]
+        h0, h1 = WORKDAY_HOURS
+        if corr and np.mean(corr) >= WORKDAY_MIN_CONSISTENCY and share[h0:h1].sum() >= WORKDAY_MIN_SHARE:
+            keep.append(c)
+    hourly = sum(rates[c] for c in keep).reshape(14, 24, 6).mean(axis=(0, 2))
+    vol = sum(float(rates[c].sum()) for c in keep) / total
+    lines = [
+        "# ServeGen (alibaba/ServeGen via azaj01/ServeGen, data commit 4d6f0c7795d6b7ddc61fae1eeb73f9bd5a118f8f),",
+        "# language m-large, 162 tenants x 14 days of 10-min windows; Apache-2.0; cite Xiang et al., arXiv:2505.09999.",
+        f"# Tenants with a working-day routine: mean daily correlation with their own mean day >= "
+        f"{WORKDAY_MIN_CONSISTENCY:g} and >= {WORKDAY_MIN_SHARE:.0%} of requests in local {WORKDAY_HOURS[0]:02d}:00-"
+        f"{WORKDAY_HOURS[1]:02d}:00.",
+        f"# clients: {' '.join(map(str, keep))} ({vol:.1%} of all m-large requests)",
+        "# rate_rps: their summed request rate, mean over the 14 days of each local hour (t = 0 = local midnight).",
+        "# Made by ray_geolb/data/make_fixtures.py (servegen_workday); see SOURCES.md.",
+        "local_hour,rate_rps",
+    ] + [f"{h},{x:.6f}" for h, x in enumerate(hourly)]
+    dst = out / "servegen_m-large_workday_tenants_hourly.csv"
+    dst.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return dst
+
+
+def _azure_ts_100ns(s: str) -> int:
+    """``YYYY-MM-DD HH:MM:SS.fffffff`` (no time zone) -> integer 100-ns units (calendar.timegm: no local time)."""
+    import calendar
+    import time
+
+    whole, _, frac = s.strip().partition(".")
+    sec = calendar.timegm(time.strptime(whole, "%Y-%m-%d %H:%M:%S"))
+    return sec * 10_000_000 + int((frac + "0000000")[:7])
+
+
+def azure_arrivals(src: Path, out: Path = OUT) -> Path:
+    """``azure_2023_arrivals.csv.gz``: both Azure 2023 traces (code and conv) merged in time order, one row per
+    request: the gap to the previous request (microseconds, rounded; 0 for the first), the service and the
+    trace's token counts."""
+    rows = []
+    for service in ("code", "conv"):
+        with open(src / "azure_llm_2023" / f"AzureLLMInferenceTrace_{service}.csv", encoding="utf-8",
+                  newline="") as f:
+            reader = csv.reader(f)
+            next(reader)
+            rows += [(_azure_ts_100ns(r[0]), service, int(r[1]), int(r[2])) for r in reader if r]
+    rows.sort()
+    lines, prev = ["gap_us,service,context_tokens,generated_tokens"], rows[0][0]
+    for t, service, ctx, gen in rows:
+        lines.append(f"{(t - prev + 5) // 10},{service},{ctx},{gen}")
+        prev = t
+    dst = out / "azure_2023_arrivals.csv.gz"
+    _write_gz(dst, "\n".join(lines) + "\n")
+    return dst
+
+
+def demand_fixtures(src: Path, out: Path = OUT) -> list:
+    """The fixtures behind the ``geo-workday-3`` and ``azure-bursty-3`` demands (``sim/workloads/geo_diurnal.py``);
+    FileNotFoundError naming the raw data's folder where ``src`` lacks it."""
+    for sub in ("servegen", "azure_llm_2023"):
+        if not (src / sub).is_dir():
+            raise FileNotFoundError(f"{src / sub}: no such folder; the demand fixtures are made from the shared data "
+                                    f"folder's servegen/ and azure_llm_2023/ (SOURCES.md)")
+    return [servegen_workday(src, out), azure_arrivals(src, out)]
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
@@ -155,6 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     head_lines(src / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv", OUT / "azure_conv_2000.csv", 2001)
     servegen(src)
     gpu_step_times(src)
+    demand_fixtures(src)
     shutil.copyfile(src / "region_latency" / "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv",
                     OUT / "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv")
     for p in sorted(OUT.iterdir()):

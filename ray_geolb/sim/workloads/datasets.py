@@ -24,6 +24,8 @@ FIXTURES = {
     "azure_conv": "azure_conv_2000.csv",
     "servegen": "servegen_m-large_24clients_1day.csv.gz",
     "rtt": "ibm_cloud_inter_region_rtt_ms_2024-03-03.csv",
+    "servegen_workday": "servegen_m-large_workday_tenants_hourly.csv",
+    "azure_arrivals": "azure_2023_arrivals.csv.gz",
 }
 
 
