@@ -20,7 +20,7 @@ import uuid
 import weakref
 from typing import Any, List, Optional, Tuple
 
-__all__ = ["CallTicket", "handed_count", "register_router", "routers", "router_for"]
+__all__ = ["CallTicket", "handed_count", "register_router", "request_of_call", "router_for", "routers", "ticket_id"]
 
 _LOCK = threading.Lock()
 # (app_name, deployment_name) -> list of weak references, oldest first
@@ -70,6 +70,26 @@ _LOCK_HANDED = threading.Lock()
 _N_HANDED = 0  # tickets whose RouteRequest is neither taken nor withdrawn (leak checks)
 
 
+#: the characters of a request id a ticket keeps (the rest become "_"), and how many of them
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.:")
+_ID_KEEP = 64
+
+
+def ticket_id(request_id: Optional[str] = None) -> str:
+    """A model call's id: ``<request id>~<random hex>`` (the request's id cut to 64 safe characters), or
+    the random hex alone. Unique per call; the engine counts the calls it ran by the part before ``~``
+    (:func:`request_of_call`), so a request run twice anywhere is seen under its own id."""
+    if not request_id:
+        return uuid.uuid4().hex
+    rid = "".join(c if c in _ID_CHARS else "_" for c in str(request_id)[:_ID_KEEP])
+    return f"{rid}~{uuid.uuid4().hex}"
+
+
+def request_of_call(call_id: str) -> str:
+    """The request id a model call's id names (:func:`ticket_id`; the whole id if it names none)."""
+    return str(call_id).split("~", 1)[0]
+
+
 class CallTicket(str):
     """One model call's id, minted by the ingress (a random hex string), carrying the call's
     ``route_request`` to the router (taken once: :meth:`take`; dropped when the call ends:
@@ -77,9 +97,9 @@ class CallTicket(str):
 
     __slots__ = ("route_request", "decision")
 
-    def __new__(cls, route_request: Any = None) -> "CallTicket":
+    def __new__(cls, route_request: Any = None, request_id: Optional[str] = None) -> "CallTicket":
         global _N_HANDED
-        t = super().__new__(cls, uuid.uuid4().hex)
+        t = super().__new__(cls, ticket_id(request_id))
         t.route_request = route_request
         t.decision = None
         if route_request is not None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any, AsyncIterator, Deque, Dict, List, Optional
 
 from ray import serve
@@ -39,14 +39,16 @@ from ray_geolb.engine.factory import make_engine
 from ray_geolb.engine.profiles import get_profile
 from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy import canonical_text
+from ray_geolb.serve import request_of_call
 
-__all__ = ["REGION_LABEL", "REGION_OPTIONS_KEY", "TTFT_SAMPLES_PER_REPORT", "EmulatedEngine", "EmulatedEngineServer",
-           "emulated_deployment",
-           "replica_id", "replica_region"]
+__all__ = ["RAN_IDS_KEPT", "REGION_LABEL", "REGION_OPTIONS_KEY", "TTFT_SAMPLES_PER_REPORT", "EmulatedEngine",
+           "EmulatedEngineServer", "emulated_deployment", "replica_id", "replica_region"]
 
 REGION_LABEL = "ray.io/availability-region"
 #: ``LLMConfig.experimental_configs`` key of a server's region (``{"region": ..., "regions": [...]}``)
 REGION_OPTIONS_KEY = "geolb"
+#: how many request ids an engine keeps in its count of the calls it ran (``ran_request_ids``)
+RAN_IDS_KEPT = 10_000
 
 
 def replica_region(region: Optional[str] = None, regions: Optional[List[str]] = None) -> Optional[str]:
@@ -109,6 +111,8 @@ class EmulatedEngine:
         self.over_capacity = 0  # arrivals that found every sequence slot taken (over-granted by SP-P)
         self._ids = itertools.count()
         self._ttft: Deque[List[float]] = deque(maxlen=TTFT_SAMPLES_PER_REPORT)
+        #: request id -> calls of it this engine ran to completion (the most recent RAN_IDS_KEPT ids)
+        self._ran: "OrderedDict[str, int]" = OrderedDict()
 
     def make_request(self, text: str, max_tokens: Optional[int] = None,
                      request_id: Optional[str] = None) -> EngineRequest:
@@ -134,6 +138,20 @@ class EmulatedEngine:
                 self._ttft.append([uncached, time.time() - t0])
             yield i
         self.served += 1
+        self._note_ran(req.request_id)
+
+    def _note_ran(self, rid: str) -> None:
+        key = request_of_call(rid.rsplit("#", 1)[0])  # make_request's "<call id>#<n>"
+        self._ran[key] = self._ran.pop(key, 0) + 1
+        while len(self._ran) > RAN_IDS_KEPT:
+            self._ran.popitem(last=False)
+
+    def ran_request_ids(self) -> Dict[str, int]:
+        """Request id -> how many of its calls this engine ran to its last token (the most recent
+        :data:`RAN_IDS_KEPT` ids; a call cancelled before its end is not counted). Each model call's id
+        names its request (``serve.ticket_id``), so a request run twice shows a 2 here, or a 1 on two
+        replicas."""
+        return dict(self._ran)
 
     def take_ttft_samples(self) -> List[List[float]]:
         """The TTFT samples since the previous call (and forget them)."""

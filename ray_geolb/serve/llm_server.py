@@ -296,6 +296,12 @@ def _server_classes(engine_cls):
                 out.update(core.stats())
             return out
 
+        def ran_request_ids(self) -> Dict[str, int]:
+            """Request id -> calls of it this replica's engine ran to their last token
+            (``EmulatedEngine.ran_request_ids``; chaos checks: a handle call, never HTTP)."""
+            core = getattr(self.engine, "core", None) if self.engine is not None else None
+            return {} if core is None else core.ran_request_ids()
+
     return StockStatsLLMServer, EmulatedLLMServer
 
 

@@ -56,14 +56,18 @@ METRICS: Dict[str, Tuple[str, Tuple[str, ...], str]] = {
                                      "its headers)"),
     "geolb_ingress_rejections_total": ("counter", ("reason",),
                                        "requests the ingress refused: queue_full (429), wait_timeout (503), "
-                                       "bad_request (400/404/413), region_not_allowed (403), forward_failed"),
+                                       "bad_request (400/404/413), region_not_allowed (403), forward_failed, "
+                                       "handover_lost (502), duplicate_handover (409)"),
     "geolb_forwards_total": ("counter", ("src", "dst"), "requests forwarded from region src to region dst"),
+    "geolb_handovers_lost_total": ("counter", ("peer",), "forwards and steals whose peer failed after it may have "
+                                                         "taken them (answered 502 handover_lost, never run again)"),
     "geolb_ingress_queue": ("gauge", (), "requests waiting at the ingress (admission queue)"),
     "geolb_steals_total": ("counter", ("event", "peer"),
                            "work stealing with a peer region: offers_sent / offers_failed / offers_received / "
                            "bad_offers, requests handed (to a thief), taken / refused (from a victim), "
-                           "settled_taken / returned (a handed request its thief took or sent back), abandoned "
-                           "(its client left before it was sent)"),
+                           "sent_back (taken, then answered 429: nothing ran), settled_taken / returned (a "
+                           "handed request its thief took or sent back), abandoned (its client left before it "
+                           "was sent)"),
     "geolb_steal_offer_bytes_total": ("counter", ("peer",), "bytes of the steal offers sent to a peer region "
                                                             "(JSON wire form)"),
     "geolb_peer_rtt_seconds": ("gauge", ("peer",), "measured round-trip time to a peer region's ingress"),

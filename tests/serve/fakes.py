@@ -102,3 +102,95 @@ async def wait_until(check, what, bound, poll_s=0.1):
         assert time.monotonic() - t0 < bound, f"{what}: not within {bound:g} s"
         await asyncio.sleep(poll_s)
     return time.monotonic() - t0
+
+
+def busy_view():
+    """A router view of one replica with work waiting: no local slot (the ingress holds or forwards)."""
+    from ray_geolb.policy import ReplicaStats, build_policy
+    from ray_geolb.serve.clock import policy_now
+
+    policy = build_policy("geoprefix", targets=["r1"])
+    policy.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
+    return _with_accounting(fake_router_view(policy))
+
+
+def _with_accounting(view):
+    view.accounting = lambda: {}  # the router's own share of RequestPath.accounting (none here)
+    return view
+
+
+def idle_view():
+    """A router view of two idle replicas: two local slots."""
+    from ray_geolb.policy import ReplicaStats, build_policy
+    from ray_geolb.serve.clock import policy_now
+
+    policy = build_policy("geoprefix", targets=["r1", "r2"])
+    for r in ("r1", "r2"):
+        policy.on_stats(r, ReplicaStats(num_waiting=0, num_running=0, timestamp=policy_now(), max_num_seqs=4))
+    return _with_accounting(fake_router_view(policy, slots=2))
+
+
+class InProcessHandles:
+    """In-process stand-ins for the peers' ingress handles: ``steal_offer`` / ``stolen`` / ``forwarded``
+    call the peer RequestPath's methods directly (a handle call's result is awaitable)."""
+
+    def __init__(self, paths, log):
+        self.paths, self.log = paths, log
+
+    def __call__(self, region):
+        path, log = self.paths[region], self.log
+
+        class Method:
+            def __init__(self, name):
+                self.name = name
+
+            def remote(self, *args):
+                log.append((region, self.name))
+                if self.name == "steal_offer":
+                    async def answer():
+                        return path.steal_offer(*args)
+                    return answer()
+                if self.name == "stolen":
+                    return path.stolen(*args, stream=False)
+                return path.forwarded(*args, stream=False)
+
+        class Handle:
+            def __getattr__(self, name):
+                return Method(name)
+
+        return Handle()
+
+
+#: the region layer of :func:`ingress_pair`'s regions: the nearest peer, work stealing on
+STEAL = {"remote": "nearest", "steal": {"enabled": True}}
+
+
+def ingress_pair(thief_free=True):
+    """Two real RequestPaths, ``us`` (busy: it holds) and ``eu`` (idle, unless ``thief_free`` is False),
+    wired by :class:`InProcessHandles`. ``eu.forwarded`` answers at once and records the request's id in
+    ``served``; ``us`` sees ``eu`` with no free replica (it cannot forward) at a 2 ms RTT. Returns
+    ``(us, eu, log, served)``; ``log`` lists each handle call as ``(region, method)``."""
+    from ray_geolb.policy.region import PeerState
+    from ray_geolb.serve.clock import policy_now
+    from ray_geolb.serve.ingress import IngressConfig, RequestPath
+
+    us = RequestPath(IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu"},
+                                   two_layer=STEAL, latency={"scale": 0.0}).model_dump(),
+                     geo_router=lambda: busy_view())
+    eu = RequestPath(IngressConfig(region="eu", registry=None, model_name="m", peers={"us": "geolb-us"},
+                                   two_layer=STEAL, latency={"scale": 0.0}).model_dump(),
+                     geo_router=(lambda: idle_view()) if thief_free else (lambda: busy_view()))
+    log = []
+    handles = InProcessHandles({"us": us, "eu": eu}, log)
+    us.peers.handle = eu.peers.handle = handles
+    served = []
+
+    async def serve_here(body, fmeta, *, stream):  # the thief's model: answer at once, record the id
+        served.append(fmeta["request_id"])
+        return {"region": "eu", "route": "local"}, {"id": fmeta["request_id"], "hops": fmeta["hops"]}
+
+    eu.forwarded = serve_here
+    now = policy_now()
+    us.router.update_peer(PeerState("eu", 0, 0, now))  # us cannot forward: it holds
+    us.router.observe_rtt("eu", 0.002)  # a near thief: moving beats waiting here (Victim.pick's gain)
+    return us, eu, log, served

@@ -34,7 +34,7 @@ ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}
 MODEL = "llama-3.1-8b"
 #: the error types the ingress answers with (README "One status per condition")
 TYPED = {"queue_full", "wait_timeout", "deadline_exceeded", "stream_timeout", "forward_failed", "server_error",
-         "router_queue_full", "router_wait_timeout", "too_many_requests"}
+         "handover_lost", "router_queue_full", "router_wait_timeout", "too_many_requests"}
 RECOVERY_BOUND_S = 90.0
 #: what a request holds at an ingress and its router (idle: all 0)
 OWNED = ("ingress_queue", "ingress_queue_tokens", "local_unrouted", "router_pending", "router_entries",

@@ -9,7 +9,7 @@ import asyncio
 import json
 
 import pytest
-from fakes import fake_router_view
+from fakes import idle_view, ingress_pair
 
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import PeerState, RegionDecision
@@ -61,82 +61,6 @@ def test_a_handed_over_waiter_leaves_the_queue_and_a_refused_one_comes_back_at_i
     asyncio.run(run())
 
 
-def _busy_view():
-    from ray_geolb.policy import ReplicaStats, build_policy
-
-    policy = build_policy("geoprefix", targets=["r1"])
-    policy.on_stats("r1", ReplicaStats(num_waiting=3, num_running=4, timestamp=policy_now(), max_num_seqs=4))
-    return _with_accounting(fake_router_view(policy))
-
-
-def _with_accounting(view):
-    view.accounting = lambda: {}  # the router's own share of RequestPath.accounting (none here)
-    return view
-
-
-def _idle_view():
-    from ray_geolb.policy import ReplicaStats, build_policy
-
-    policy = build_policy("geoprefix", targets=["r1", "r2"])
-    for r in ("r1", "r2"):
-        policy.on_stats(r, ReplicaStats(num_waiting=0, num_running=0, timestamp=policy_now(), max_num_seqs=4))
-    return _with_accounting(fake_router_view(policy, slots=2))
-
-
-class _Handles:
-    """In-process stand-ins for the peers' ingress handles: ``steal_offer`` / ``stolen`` / ``forwarded``
-    call the peer RequestPath's methods directly (a handle call's result is awaitable)."""
-
-    def __init__(self, paths, log):
-        self.paths, self.log = paths, log
-
-    def __call__(self, region):
-        path, log = self.paths[region], self.log
-
-        class Method:
-            def __init__(self, name):
-                self.name = name
-
-            def remote(self, *args):
-                log.append((region, self.name))
-                if self.name == "steal_offer":
-                    async def answer():
-                        return path.steal_offer(*args)
-                    return answer()
-                if self.name == "stolen":
-                    return path.stolen(*args, stream=False)
-                return path.forwarded(*args, stream=False)
-
-        class Handle:
-            def __getattr__(self, name):
-                return Method(name)
-
-        return Handle()
-
-
-def _pair(thief_free=True):
-    us = RequestPath(IngressConfig(region="us", registry=None, model_name="m", peers={"eu": "geolb-eu"},
-                                   two_layer=STEAL, latency={"scale": 0.0}).model_dump(),
-                     geo_router=lambda: _busy_view())
-    eu = RequestPath(IngressConfig(region="eu", registry=None, model_name="m", peers={"us": "geolb-us"},
-                                   two_layer=STEAL, latency={"scale": 0.0}).model_dump(),
-                     geo_router=(lambda: _idle_view()) if thief_free else (lambda: _busy_view()))
-    log = []
-    handles = _Handles({"us": us, "eu": eu}, log)
-    us.peers.handle = eu.peers.handle = handles
-    served = []
-
-    async def serve_here(body, fmeta, *, stream):  # the thief's model: answer at once, record the id
-        served.append(fmeta["request_id"])
-        return {"region": "eu", "route": "local"}, {"id": fmeta["request_id"], "hops": fmeta["hops"]}
-
-    eu.forwarded = serve_here
-    now = policy_now()
-    us.router.update_peer(PeerState("eu", 0, 0, now))  # us cannot forward: it holds
-    us.router.observe_rtt("eu", 0.002)  # a near thief: moving beats waiting here (Victim.pick's gain)
-    return us, eu, log, served
-
-
 def _ctx(cfg, i):
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": f"question {i} " * 20}]}).encode()
     return parse_request(body, {}, "chat", cfg, origin="us", request_id=f"q{i}")
@@ -144,7 +68,7 @@ def _ctx(cfg, i):
 
 def test_an_idle_region_steals_held_requests_and_each_is_served_once():
     async def run():
-        us, eu, log, served = _pair()
+        us, eu, log, served = ingress_pair()
         waiting = [asyncio.ensure_future(us.process(_ctx(us.cfg, i))) for i in range(3)]
         await _until(lambda: len(us.admission) == 3)
         eu.router.update_peer(PeerState("us", 0, 3, policy_now()))  # the table shows us's queue
@@ -174,7 +98,7 @@ def test_an_idle_region_steals_held_requests_and_each_is_served_once():
 
 def test_a_refused_steal_goes_back_to_its_place_and_is_decided_again_there():
     async def run():
-        us, eu, log, served = _pair()
+        us, eu, log, served = ingress_pair()
         waiting = [asyncio.ensure_future(us.process(_ctx(us.cfg, i))) for i in range(3)]
         await _until(lambda: len(us.admission) == 3)
         order = [r.request_id for _, r in us.admission.held()]
@@ -197,7 +121,7 @@ def test_a_refused_steal_goes_back_to_its_place_and_is_decided_again_there():
 
 def test_an_unreachable_thief_is_a_refusal_and_a_thief_that_took_it_settles_it_for_good():
     async def run():
-        us, eu, log, served = _pair()
+        us, eu, log, served = ingress_pair()
         waiting = [asyncio.ensure_future(us.process(_ctx(us.cfg, i))) for i in range(2)]
         await _until(lambda: len(us.admission) == 2)
         us.peers.latency.set_faults({"eu": {"drop": 1.0}})  # the hand-over is dropped on the way
@@ -236,7 +160,7 @@ def test_an_unreachable_thief_is_a_refusal_and_a_thief_that_took_it_settles_it_f
     ("not an offer", "offer"),
 ])
 def test_a_malformed_offer_gets_a_typed_answer_naming_the_field(wire, field):
-    us, eu, log, served = _pair()
+    us, eu, log, served = ingress_pair()
     ans = us.steal_offer(wire)
     assert ans["error"]["type"] == "bad_steal_offer" and ans["error"]["param"] == field
     assert us.steal_counts["bad_offers"] == 1 and us.steal_counts["handed"] == 0
@@ -244,14 +168,14 @@ def test_a_malformed_offer_gets_a_typed_answer_naming_the_field(wire, field):
 
 def test_stealing_is_off_by_default_and_a_busy_region_makes_no_offer():
     plain = RequestPath(IngressConfig(region="us", registry=None, model_name="m").model_dump(),
-                        geo_router=lambda: _idle_view())
+                        geo_router=lambda: idle_view())
     assert plain.router.thief is None and plain.steal_state() is None and "steal_in_flight" not in \
         plain.accounting()
     ans = plain.steal_offer({"offer_id": 1, "thief": "eu", "slots": 1, "wait_s": 0, "t_p_s": 0})
     assert ans["error"]["param"] == "offer.thief"  # no peers at all
 
     async def run():
-        us, eu, log, served = _pair(thief_free=False)
+        us, eu, log, served = ingress_pair(thief_free=False)
         eu.router.update_peer(PeerState("us", 0, 3, policy_now()))
         eu.peers_changed()  # eu has no available replica: nothing to offer
         await asyncio.sleep(0.01)
@@ -262,7 +186,7 @@ def test_stealing_is_off_by_default_and_a_busy_region_makes_no_offer():
 
 def test_a_request_whose_client_leaves_as_it_is_handed_over_is_settled_not_leaked():
     async def run():
-        us, eu, log, served = _pair()
+        us, eu, log, served = ingress_pair()
         waiting = [asyncio.ensure_future(us.process(_ctx(us.cfg, i))) for i in range(2)]
         await _until(lambda: len(us.admission) == 2)
         eu.router.thief.out["us"] = [5, policy_now() + 5.0, 1]

@@ -36,7 +36,7 @@ TOKEN = "steal-test-admin-token-0123456789"
 ADMIN = {ADMIN_TOKEN_HEADER: TOKEN}
 #: the error types the ingress answers with (README "One status per condition")
 TYPED = {"queue_full", "wait_timeout", "deadline_exceeded", "stream_timeout", "forward_failed", "server_error",
-         "router_queue_full", "router_wait_timeout", "too_many_requests"}
+         "handover_lost", "router_queue_full", "router_wait_timeout", "too_many_requests"}
 #: what a request holds at an ingress and its router (idle: all 0), and what a steal holds
 OWNED = ("ingress_queue", "ingress_queue_tokens", "local_unrouted", "router_pending", "router_entries",
          "router_held", "router_inflight", "tracker_outstanding", "steal_in_flight", "steal_offer_tasks")

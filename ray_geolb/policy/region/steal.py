@@ -122,7 +122,7 @@ class Thief:
         #: peer -> the heartbeat time of its last offer that it answered with nothing: no new offer to it
         #: until a newer heartbeat (at most one unanswered offer per peer per heartbeat)
         self.declined: Dict[str, float] = {}
-        self.counts = {"offers": 0, "offered_slots": 0, "taken": 0, "refused": 0, "expired": 0}
+        self.counts = {"offers": 0, "offered_slots": 0, "taken": 0, "refused": 0, "sent_back": 0, "expired": 0}
 
     def expire(self, now: float) -> None:
         for peer in [p for p, o in self.out.items() if o[1] <= now]:
@@ -184,6 +184,12 @@ class Thief:
             del self.out[peer]
         self.counts["taken"] += 1
         return True
+
+    def sent_back(self, peer: str) -> None:
+        """A request taken from ``peer`` was answered 429 here before any work (no room after all): it is
+        counted ``sent_back``, not ``taken``, as its victim counts it ``returned``."""
+        self.counts["taken"] -= 1
+        self.counts["sent_back"] += 1
 
     def forget(self, peer: str) -> None:
         self.out.pop(peer, None)

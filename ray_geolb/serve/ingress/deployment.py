@@ -4,7 +4,7 @@ HTTP endpoints: ``/v1/chat/completions`` and ``/v1/completions`` (OpenAI, SSE wh
 ``/v1/models``, ``/healthz`` (status and region for everyone; the registry link and the peers for
 the operator) and ``/v1/geolb/state`` (operator only). Peer-facing handle methods: ``forwarded``,
 ``forwarded_stream``, ``ping``, ``state``, ``accounting``, work stealing's ``steal_offer``, ``stolen`` and
-``stolen_stream`` (``steal.py``), and for chaos drills ``inject_faults`` and
+``stolen_stream`` (``steal.py``), and for chaos drills ``inject_faults``, ``arm_crash`` and
 ``served_request_ids``.
 
 Ray Serve 2.60: the ``@serve.ingress`` class must stay defined at module level of an importable
@@ -173,6 +173,12 @@ class RegionIngress:
         ingress's crossings to its peers (``latency.py``); None or {} heals. Returns the faults now set."""
         self.path.peers.latency.set_faults(faults)
         return self.path.peers.latency.faults
+
+    def arm_crash(self, point=None, after: int = 1) -> dict:
+        """Chaos drills (handle call only, never HTTP): this ingress replica's process exits the
+        ``after``-th time a hand-over reaches ``point`` (``handovers.CRASH_POINTS``); None disarms.
+        Returns the points armed."""
+        return self.path.crashes.arm(point, after)
 
     def served_request_ids(self) -> list:
         """Ids of the last requests this ingress replica served locally (chaos checks; handle call only)."""

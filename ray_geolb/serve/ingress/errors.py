@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse
 
 from ray_geolb.serve.errors import RouterError
 
-__all__ = ["HEADER_PREFIX", "GeoHTTPError", "ForwardFailed", "as_http_error", "safe_text"]
+__all__ = ["HEADER_PREFIX", "GeoHTTPError", "ForwardFailed", "as_http_error", "error_cause", "safe_text"]
 
 #: the prefix of the ingress's own HTTP headers (``x-geolb-region``, ``x-geolb-route``, ...)
 HEADER_PREFIX = "x-geolb-"
@@ -65,10 +65,11 @@ class GeoHTTPError(Exception):
 
 
 class ForwardFailed(Exception):
-    """The peer ingress could not be reached (the origin marks it unreachable and decides again)."""
+    """Nothing of the request reached the peer ingress (the origin marks it unreachable and decides
+    again). A call that failed after it may have reached the peer is never this (``forward.py``)."""
 
 
-def _cause(e: BaseException) -> BaseException:
+def error_cause(e: BaseException) -> BaseException:
     """The user exception inside a Ray wrapper (RayTaskError.cause), else ``e``."""
     seen = 0
     while seen < 5 and getattr(e, "cause", None) is not None and isinstance(e.cause, BaseException):
@@ -80,7 +81,7 @@ def _cause(e: BaseException) -> BaseException:
 def as_http_error(e: BaseException, region: str) -> Optional[GeoHTTPError]:
     """``e`` as the HTTP error to answer (a peer's GeoHTTPError, or the model router's queue-full /
     wait-timeout error), or None for any other error."""
-    c = _cause(e)
+    c = error_cause(e)
     if isinstance(c, GeoHTTPError):
         return c
     if isinstance(c, RouterError):

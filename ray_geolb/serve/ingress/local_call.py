@@ -8,7 +8,7 @@ once on whichever replica the router picks (:data:`LOCAL_ATTEMPTS`, within the d
 budget); after the first token a failure ends the stream with an error event instead.
 
 A mixin of :class:`~.request_path.RequestPath`; it reads ``cfg``, ``region``, ``local``, ``llm``,
-``retries``, ``counts``, ``served_ids`` and calls ``local_done``, ``_deadline_exceeded`` and
+``retries``, ``counts``, ``served_ids``, ``crashes`` and calls ``local_done``, ``_deadline_exceeded`` and
 ``_model_error``.
 """
 
@@ -103,6 +103,8 @@ class LocalCalls:
             slot.release()
         self.estimates.served("complete", policy_now() - t0)
         self.served_ids.append(ctx.request_id)
+        if ctx.hops:
+            self.crashes.reached("served_for_peer")
         return self._local_meta(ctx, d, wait_ms, slot), res
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
@@ -131,6 +133,8 @@ class LocalCalls:
             raise
         slot.routed()
         self.served_ids.append(ctx.request_id)
+        if ctx.hops:
+            self.crashes.reached("served_for_peer")
         try:
             meta = self._local_meta(ctx, d, wait_ms, slot)
         except BaseException:

@@ -233,8 +233,10 @@ class LocalSlot:
     ``call_id`` is a :class:`~ray_geolb.serve.CallTicket` minted here, one per model call: the
     ingress sends it as the request object's ``request_id`` (``ModelClient``); it carries the
     ``route_request`` to the router of this process and brings the router's decision back
-    (:attr:`decision`). It is never the client's ``x-request-id``, so two concurrent requests that
-    send the same id cannot swap prompts or placements. A route request the router never took is
+    (:attr:`decision`). Its id names the request (``<request id>~<random hex>``,
+    :func:`~ray_geolb.serve.ticket_id`), so the engine's count of the calls it ran names the request
+    too; the random part keeps it unique per call, so two concurrent requests that send the same
+    ``x-request-id`` cannot swap prompts or placements. A route request the router never took is
     withdrawn on release."""
 
     __slots__ = ("_view", "_rid", "_on_done", "_released", "call_id")
@@ -242,7 +244,7 @@ class LocalSlot:
     def __init__(self, view: LocalView, request_id: str, on_done: Callable[[], None], route_request: Any = None):
         self._view = view
         self._rid = request_id  # the request's own id (logs); the slot is keyed by call_id
-        self.call_id = CallTicket(route_request)
+        self.call_id = CallTicket(route_request, request_id)
         self._on_done = on_done
         self._released = False
         view.unrouted.add(self.call_id)

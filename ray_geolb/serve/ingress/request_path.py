@@ -15,8 +15,10 @@ For each request (a :class:`~.context.RequestContext`):
    its one retry before the first token), or **forward** (``forward.py``:
    :class:`~.forward.Forwarding`, at most one hop): a forwarded request arrives at the peer's
    ``forwarded`` / ``forwarded_stream`` with ``hops=1`` and is never forwarded again -- if the peer is
-   full it waits in the peer's queue. An unreachable peer is marked so
-   (``RegionRouter.mark_unreachable``) and the request decided again.
+   full it waits in the peer's queue. A peer that nothing reached is marked unreachable
+   (``RegionRouter.mark_unreachable``) and the request decided again; one that failed after it may have
+   taken the request gets it answered 502 ``handover_lost``, never run again (``forward.py``,
+   ``handovers.py``).
 
 4. **Steal** (``steal.py``: :class:`~.steal.Stealing`, when ``two_layer.steal.enabled``): an idle region
    offers its free replicas to peers holding requests; a busy one hands held requests over, and a
@@ -52,6 +54,7 @@ from .context import RequestContext
 from .deadlines import DeadlineEstimates
 from .errors import ForwardFailed, GeoHTTPError
 from .forward import Forwarding
+from .handovers import CrashPoints, HandOverLedger
 from .local_call import LocalCalls
 from .local_view import LocalView, geo_router_of
 from .model_client import ModelClient
@@ -106,6 +109,9 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
         self._init_stealing()
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason
         self.served_ids: collections.deque = collections.deque(maxlen=SERVED_LOG)
+        #: the hand-overs (forwards, steals) peers sent here, by id; the drills' crash points
+        self.handovers = HandOverLedger(self.region)
+        self.crashes = CrashPoints()
         #: retries of forwards that could not reach their peer (retry_budget.py)
         self.retries = RetryBudget(cfg.retry_budget_ratio, cfg.retry_budget_min_per_s)
         #: the local drain rate and service times a deadline is priced with (``deadlines.py``)
@@ -304,10 +310,13 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
         peer it cannot reach is that)."""
         self.counts["forwarded_in"] += 1
         try:
-            body = PromptBody(body)
-            ctx = RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream,
-                                           max_timeout_s=self.cfg.request_timeout_s)
-            return await self.process(ctx)
+            # recorded before any work: a repeated hand-over id is refused, never run twice (handovers.py)
+            with self.handovers.accept(fmeta.get("handover_id"), str(fmeta.get("origin", "?"))):
+                self.crashes.reached("handover_accepted")
+                body = PromptBody(body)
+                ctx = RequestContext.from_wire(body, canonical_text(body), fmeta, stream=stream,
+                                               max_timeout_s=self.cfg.request_timeout_s)
+                return await self.process(ctx)
         except GeoHTTPError:
             raise
         except Exception as e:  # noqa: BLE001 - typed for the origin; CancelledError passes

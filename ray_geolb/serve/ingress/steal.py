@@ -52,10 +52,11 @@ OFFER_TIMEOUT_S = 2.0
 MAX_OFFER_TASKS = 64
 #: what the steal counters count, per peer too (``geolb_steals_total{event, peer}``): offers this region
 #: sent (as a thief), failed (no answer) and received (as a victim); requests it handed over, requests
-#: it took and refused (as a thief), requests its thieves took or sent back (as a victim), and requests
-#: handed over whose client left before they could be sent (settled, never sent)
+#: it took, refused, and sent back after taking them with a 429 (as a thief), requests its thieves took
+#: or sent back (as a victim), and requests handed over whose client left before they could be sent
+#: (settled, never sent)
 STEAL_EVENTS = ("offers_sent", "offers_failed", "offers_received", "bad_offers", "handed", "taken", "refused",
-                "settled_taken", "returned", "abandoned")
+                "sent_back", "settled_taken", "returned", "abandoned")
 
 
 class Stealing:
@@ -224,7 +225,10 @@ class Stealing:
     # ------------------------------------------------------------ thief: a stolen request arrives
     async def stolen(self, body: dict, fmeta: dict, victim: str, offer_id: Any, *, stream: bool):
         """A request ``victim`` handed over under our offer ``offer_id``: taken while that offer lives (then
-        served exactly as a forwarded request), else refused with a 409 ``steal_refused`` before any work."""
+        served exactly as a forwarded request), else refused with a 409 ``steal_refused`` before any work.
+        Counted when it ends, as the victim counts it: ``taken`` (served here, or failed here after work
+        began), or ``sent_back`` when this region answered 429 (nothing ran; the victim counts it
+        ``returned`` and puts it back in its queue)."""
         thief = self.router.thief
         known = isinstance(victim, str) and victim in self.cfg.peers
         ok = (thief is not None and known and isinstance(offer_id, int) and not isinstance(offer_id, bool)
@@ -235,5 +239,15 @@ class Stealing:
             raise GeoHTTPError(409, f"region {self.region} refused a request handed over by region {peer}: its "
                                     f"steal offer is closed (expired, used or unknown)",
                                type_="steal_refused", region=self.region)
-        self._steal_note("taken", peer)
-        return await self.forwarded(body, fmeta, stream=stream)
+        sent_back = False
+        try:
+            return await self.forwarded(body, fmeta, stream=stream)
+        except GeoHTTPError as e:
+            sent_back = e.status == 429  # taken, then found no room: nothing ran, the victim takes it back
+            raise
+        finally:
+            if sent_back:
+                thief.sent_back(peer)
+                self._steal_note("sent_back", peer)
+            else:
+                self._steal_note("taken", peer)

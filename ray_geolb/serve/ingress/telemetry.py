@@ -29,11 +29,12 @@ __all__ = ["COUNTERS", "ERROR_REASONS", "IngressTelemetry", "REJECTION_REASONS"]
 #: wait_timeout and deadline_unreachable are the admission queue's)
 COUNTERS = ("requests", "local", "forwarded_out", "forwarded_in", "held", "queue_full", "wait_timeout", "rejected",
             "errors", "forward_failures", "bad_requests", "decide_errors", "deadline_exceeded", "retries_refused",
-            "local_retries", "stream_errors", "deadline_unreachable")
+            "local_retries", "stream_errors", "deadline_unreachable", "handovers_lost")
 #: reasons the ingress's counters are pre-registered with (exported at 0 before they first fire)
 REJECTION_REASONS = ("bad_request", "too_many_requests", "queue_full", "wait_timeout", "deadline_exceeded",
                      "deadline_unreachable",
-                     "stream_timeout", "region_not_allowed", "forward_failed", "server_error")
+                     "stream_timeout", "region_not_allowed", "forward_failed", "server_error", "handover_lost",
+                     "duplicate_handover")
 ERROR_REASONS = ("server_error", "stream_failed")
 
 
@@ -50,6 +51,7 @@ class IngressTelemetry:
             self.metrics.preregister("geolb_ingress_requests_total", "error", reason)
         for peer in self.cfg.peers:
             self.metrics.preregister("geolb_forwards_total", self.region, peer)
+            self.metrics.preregister("geolb_handovers_lost_total", peer)
 
     async def _metrics_loop(self) -> None:
         """Once a second: the gauges from the live state, and the counts exported (serve/metrics.py)."""
@@ -138,6 +140,7 @@ class IngressTelemetry:
         if self.router.victim is not None:  # work stealing: held requests handed to a thief, not yet settled
             out["steal_in_flight"] = self.router.victim.outstanding()
             out["steal_offer_tasks"] = len(self._offer_tasks)
+        out["handovers_running"] = self.handovers.running()  # hand-overs from peers not answered yet
         out.update(self.local.accounting())
         return out
 
