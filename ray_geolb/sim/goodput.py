@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
 
 __all__ = ["DEFAULT_PROFILE", "DEFAULT_SYSTEMS", "SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment",
-           "run_lockstep", "grid_round", "spread", "parse_slos", "add_goodput_parser", "run_goodput"]
+           "run_lockstep", "grid_round", "parse_slos", "add_goodput_parser", "run_goodput"]
 
 BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
 #: the systems ``plan`` and ``goodput`` compare by default, and the engine profile they run
@@ -311,15 +311,6 @@ class _Bracket:
                           for m, r in sorted(self.tried.items())}}
 
 
-def spread(per_seed: Dict[int, dict], seeds: Sequence[int]) -> Dict[str, Any]:
-    """min / mean / max of the goodput over ``seeds``, and the search's resolution: the largest relative
-    width ``first_fail / goodput - 1`` of a seed's final bracket (None where no seed has both ends)."""
-    gs = [per_seed[s]["goodput_multiplier"] for s in seeds]
-    res = [per_seed[s]["resolution"] for s in seeds if per_seed[s]["resolution"] is not None]
-    return {"min": min(gs), "max": max(gs), "mean": sum(gs) / len(gs), "seeds": list(seeds),
-            "resolution": max(res) if res else None}
-
-
 def _curve_point(m: float, r: dict) -> dict:
     first = r["by_slo"][0]  # the P99s do not depend on the SLO; attainment and meeting it do
     return {"multiplier": m, "p99_ttft_s": first["p99_ttft_s"], "p99_tpot_s": first["p99_tpot_s"],
@@ -335,6 +326,8 @@ def _goodput_search(run: dict, seeds: Sequence[int], start: float, max_doublings
     share their runs; ``at``: every seed also runs at that multiplier (attainment at a fixed load).
     Returns ``by_slo`` (the answer per SLO: per seed and :func:`spread`), ``curve`` (per seed, every
     multiplier simulated, in order: P99 TTFT / TPOT, and attainment and meeting it per SLO) and ``at``."""
+    from .goodput_report import spread
+
     slos = list(slos) if slos else [SLO(**run["slo"])]
     base = {k: v for k, v in run.items() if k != "slo"}
     base["slos"] = [s.to_dict() for s in slos]
@@ -505,7 +498,7 @@ def _goodput_inputs(args, parser) -> Dict[str, Any]:
     if set(held) & set(seeds):
         parser.error(f"--held-out-seeds: {sorted(set(held) & set(seeds))} also in --seeds")
     return {"slos": [SLO(t, args.tpot_slo) for t in ttfts], "demand": demand, "replicas": replicas,
-            "systems": systems, "seeds": seeds, "held_out": held}
+            "systems": systems, "seeds": seeds, "held_out": held, "max_doublings": MAX_DOUBLINGS}
 
 
 def run_goodput(args) -> int:

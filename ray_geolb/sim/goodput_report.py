@@ -24,7 +24,16 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .metrics import text_table
 
-__all__ = ["goodput_result", "compare", "verdicts", "format_goodput", "plot_goodput"]
+__all__ = ["spread", "goodput_result", "compare", "verdicts", "format_goodput", "plot_goodput"]
+
+
+def spread(per_seed: Dict[int, dict], seeds: Sequence[int]) -> Dict[str, Any]:
+    """min / mean / max of the goodput over ``seeds``, and the search's resolution: the largest relative
+    width ``first_fail / goodput - 1`` of a seed's final bracket (None where no seed has both ends)."""
+    gs = [per_seed[s]["goodput_multiplier"] for s in seeds]
+    res = [per_seed[s]["resolution"] for s in seeds if per_seed[s]["resolution"] is not None]
+    return {"min": min(gs), "max": max(gs), "mean": sum(gs) / len(gs), "seeds": list(seeds),
+            "resolution": max(res) if res else None}
 
 
 def _attainment_at(at: Dict[int, dict], k: int, seeds: Sequence[int], multiplier: float) -> Dict[str, Any]:
@@ -36,7 +45,6 @@ def _attainment_at(at: Dict[int, dict], k: int, seeds: Sequence[int], multiplier
 def goodput_result(ans: Dict[str, dict], inp: Dict[str, Any], args) -> Dict[str, Any]:
     """The command's JSON (module docstring) from the searches' answers (``goodput._goodput_search``)."""
     from .attribution import merge
-    from .goodput import MAX_DOUBLINGS, spread
     from .workloads.geo_diurnal import Demand
 
     demand, seeds, held = inp["demand"], inp["seeds"], inp["held_out"]
@@ -46,7 +54,7 @@ def goodput_result(ans: Dict[str, dict], inp: Dict[str, Any], args) -> Dict[str,
         "replicas": inp["replicas"], "profile": args.profile, "slo": inp["slos"][0].to_dict(),
         "slos": [s.to_dict() for s in inp["slos"]], "slo_texts": [str(s) for s in inp["slos"]],
         "seeds": seeds, "held_out_seeds": held,
-        "search": {"start": args.start, "max_doublings": MAX_DOUBLINGS, "bisect_steps": args.bisect_steps,
+        "search": {"start": args.start, "max_doublings": inp["max_doublings"], "bisect_steps": args.bisect_steps,
                    "grid": "3 significant digits", "at": args.at},
         "compression": {"day_s": args.day_s, "factor": 86400.0 / args.day_s,
                         "note": Demand.compression_note(args.day_s)}, "systems": {}}
@@ -128,8 +136,8 @@ def _g(x: Optional[float]) -> str:
 def _verdict_cell(c: Dict[str, Any]) -> str:
     t = c["tally"]
     ratio = "" if c["ratio_mean"] is None else f", ratio {c['ratio_mean']:.3f}"
-    spread = "" if c["ratio_min"] is None else f" ({c['ratio_min']:.3f}-{c['ratio_max']:.3f})"
-    return f"{c['verdict']}{ratio}{spread}, seeds {t['win']}/{t['tie']}/{t['loss']}"
+    rng = "" if c["ratio_min"] is None else f" ({c['ratio_min']:.3f}-{c['ratio_max']:.3f})"
+    return f"{c['verdict']}{ratio}{rng}, seeds {t['win']}/{t['tie']}/{t['loss']}"
 
 
 def _slo_table(out: Dict[str, Any], k: int) -> str:
