@@ -31,17 +31,20 @@ whatever the parallelism, :func:`~ray_geolb.sim.goodput.run_lockstep`):
    placement under the monotonicity assumption below. The answer is the replicas per
    region, fixed all day (reserved GPUs): GPU-hours = GPUs x 24 h, cost = sum of each region's GPUs x
    24 x its price.
-3. **Sanity bounds**, printed beside, each by a 1-D search over the replica count (start from the
-   ``c1`` estimate; down while it passes, up while it fails), on a POOLED deployment: the replicas in
-   one region, a zero-RTT network, one central prefix-aware LB (each of ``POOL_LBS``, Ray's prefix
-   router and SGLang's; the bound is the fewer: a weaker LB would make a loose bound):
+3. **References**, printed beside, each by a 1-D search over the replica count (start from the ``c1``
+   estimate; down while it passes, up while it fails), on a POOLED deployment: the replicas in one
+   region, a zero-RTT network. They are references, not bounds: nothing proves that no placement over
+   the real network needs fewer GPUs, and no system is held to them.
 
+   * **one pooled region, per system** (the ``pooled ref`` column): the system's OWN policy -- GeoPrefix's,
+     region-local's, each central LB's -- with every replica in one region and the whole day's demand (every
+     client's LB is the pool's: a per-region system has one LB there, a central LB sits there). What the
+     system would need if the world were one region: the gap to its plan is what geography costs it;
    * **sum of regional peaks**: each region's requests alone (exactly as in the whole day: the same
-     times and texts) on its own pool, summed: what region-local routing needs at perfect balance
+     times and texts) on its own pool under one central prefix-aware LB (each of ``POOL_LBS``, Ray's prefix
+     router and SGLang's; the fewer counts), summed: what region-local routing would need at perfect balance
      inside each region (its LB is a central one, not region-local's ingress, so region-local itself
-     may need more);
-   * **one pooled region**: all regions' demand on one pool, which no multi-region system should beat
-     (it pays no RTT and sees every replica).
+     may need more).
 
 Savings are against region-local (when it is among the systems). The search assumes more replicas
 never make the SLO harder to meet (tested on small cases); its answer equals an exhaustive search over
@@ -59,7 +62,7 @@ import sys
 import time
 from typing import Any, Dict, List, Optional, Sequence
 
-from .goodput import DEFAULT_PROFILE, DEFAULT_SYSTEMS, SLO, goodput_many, run_lockstep, tail_s
+from .goodput import DEFAULT_PROFILE, DEFAULT_SYSTEMS, SLO, goodput_many, parse_slos, run_lockstep, tail_s
 from .metrics import text_table
 from .sweep import add_runner_args, parse_seeds
 from .workloads.geo_diurnal import (
@@ -75,7 +78,7 @@ __all__ = ["DEFAULT_SYSTEMS", "placements", "plan", "add_plan_parser", "run_plan
            "parse_slos", "plot_plan", "load_demand", "POOL_LBS"]
 
 DEFAULT_PLAN_DAY_S = DEFAULT_DAY_S
-POOL_LBS = ("ray-prefix", "sgl")  # the pooled bounds' central prefix-aware LBs (the bound: the fewer of them)
+POOL_LBS = ("ray-prefix", "sgl")  # the sum-of-regional-peaks reference's central LBs (the fewer counts)
 START_FRACTION = 0.6
 CAPACITY_DAY_S = 48.0
 
@@ -133,6 +136,7 @@ def _greedy(system: str, demand: Demand, start: Dict[str, int], seeds: Sequence[
 
     def record(reps, w):
         history.append({"replicas": dict(reps), "meets": w["meets"], "p99_ttft_s": _fin(w["p99_ttft_s"]),
+                        "p99_tpot_s": _fin(w["p99_tpot_s"]),
                         "per_region_p99_ttft_s": {r: _fin(v) for r, v in w["per_region_p99_ttft_s"].items()},
                         "per_region_attainment": dict(w["per_region_attainment"])})
 
@@ -236,12 +240,10 @@ def _one_d(start: int, seeds: Sequence[int], max_replicas: int, mk) -> Any:
     return {"replicas": n, "tried": {str(k): v for k, v in sorted(tried.items())}}
 
 
-def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYSTEMS), profile: str = DEFAULT_PROFILE,
-         prices: Optional[Dict[str, float]] = None, seeds: Sequence[int] = (0,), day_s: float = DEFAULT_PLAN_DAY_S,
-         multiplier: float = 1.0, max_replicas: int = 64, bounds: bool = True, ray: bool = False,
-         address: Optional[str] = None, progress: bool = True, capacity: Optional[float] = None,
-         pool_lbs: Sequence[str] = POOL_LBS) -> Dict[str, Any]:
-    """The plan (module docstring) as a JSON-able dict. ``capacity``: skip step 1 and use this ``c1``."""
+def _check_plan_inputs(demand: Demand, systems: Sequence[str], profile: str, seeds: Sequence[int],
+                       pool_lbs: Sequence[str], references: bool, day_s: float, multiplier: float,
+                       max_replicas: int, prices: Optional[Dict[str, float]]) -> Dict[str, float]:
+    """Every input of :func:`plan` checked (a ValueError whose first word names the field); the prices."""
     from ray_geolb.engine.network import RegionNetwork
     from ray_geolb.engine.profiles import PROFILES
 
@@ -265,8 +267,8 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     for lb in pool_lbs:
         if lb not in SYSTEMS or SYSTEMS[lb].lb_kind != "central":
             raise ValueError(f"pool_lbs: {lb!r} is not a central LB system")
-    if bounds and not pool_lbs:
-        raise ValueError("pool_lbs: at least one central LB is needed for the bounds")
+    if references and not pool_lbs:
+        raise ValueError("pool_lbs: at least one central LB is needed for the sum-of-regional-peaks reference")
     if not (day_s > 0 and math.isfinite(day_s)):
         raise ValueError(f"day_s must be a finite number > 0, got {day_s!r}")
     if not (multiplier > 0 and math.isfinite(multiplier)):
@@ -280,52 +282,71 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
             raise ValueError(f"prices: region {r!r} has no demand; regions: {demand.regions}")
         if not (isinstance(p, (int, float)) and math.isfinite(p) and p >= 0):
             raise ValueError(f"prices: price of {r!r} must be a finite number >= 0, got {p!r}")
-    regions = demand.regions
-    scaled = demand.scaled(multiplier)
-    t0 = time.perf_counter()
+    return prices
 
-    # 1. one replica's capacity (req/s at the SLO, flat demand, first region)
-    first = regions[0]
-    if capacity is None:
-        flat = Demand({first: [1.0] * 24}, "flat")
-        cap_run = _base_run("capacity/1-replica", "region-local", {first: 1}, flat, CAPACITY_DAY_S, 1.0, profile, slo)
-        cap_run.pop("hour_s")
-        g = goodput_many({"capacity": cap_run}, slo, seeds, start=4.0, max_doublings=10, bisect_steps=4, ray=ray,
-                         address=address, progress=progress)["capacity"]
-        c1 = g["min"]
-        cap_detail = g
-    else:
-        c1, cap_detail = float(capacity), {"given": True}
-    if not c1 > 0:
-        raise ValueError(f"one replica of {profile} does not meet {slo} even at a tiny load; loosen the SLO")
 
-    def mk_system(system, reps):
-        return _base_run(f"{system}/{'-'.join(f'{r}{n}' for r, n in reps.items())}", system, reps, scaled, day_s,
-                         1.0, profile, slo)
+def _capacity(region: str, profile: str, slo: SLO, seeds: Sequence[int], ray: bool, address: Optional[str],
+              progress: bool) -> tuple:
+    """Step 1: one replica's SLO goodput (req/s, flat demand in ``region``) and the search behind it."""
+    flat = Demand({region: [1.0] * 24}, "flat")
+    cap_run = _base_run("capacity/1-replica", "region-local", {region: 1}, flat, CAPACITY_DAY_S, 1.0, profile, slo)
+    cap_run.pop("hour_s")
+    g = goodput_many({"capacity": cap_run}, slo, seeds, start=4.0, max_doublings=10, bisect_steps=4, ray=ray,
+                     address=address, progress=progress)["capacity"]
+    return g["min"], g
 
-    searches = {}
-    start = {r: max(1, int(math.floor(START_FRACTION * scaled.peak(r) / c1))) for r in regions}
+
+def _reference_searches(scaled: Demand, c1: float, systems: Sequence[str], pool_lbs: Sequence[str],
+                        seeds: Sequence[int], max_replicas: int, run_of) -> Dict[str, Any]:
+    """Step 3's 1-D searches: each system alone on one zero-RTT pool with the whole day's demand
+    (``ref:pooled:<system>``), and each region's demand alone on a pool under each central LB of
+    ``pool_lbs`` (``ref:peak:<region>:<lb>``). ``run_of(label, system, replicas, deploy, keep)``."""
+    regions = scaled.regions
+    zero = _zero_rtt(regions)
+
+    def mk_pool(system: str, keep: Optional[List[str]], tag: str):
+        region = keep[0] if keep else regions[0]
+
+        def mk(n):  # the whole day's requests (of ``keep``'s regions only), on one zero-RTT pool
+            return run_of(f"ref-{tag}-{system}/{n}", system, {region: n},
+                          {"network": zero, "central_region": region}, keep)
+        return mk
+
+    searches: Dict[str, Any] = {}
     for s in systems:
-        searches[s] = _greedy(s, scaled, start, seeds, max_replicas, mk_system)
-    if bounds:
-        zero = _zero_rtt(regions)
+        searches[f"ref:pooled:{s}"] = _one_d(max(1, math.ceil(scaled.peak() / c1) - 1), seeds, max_replicas,
+                                             mk_pool(s, None, "pooled"))
+    for lb in pool_lbs:
+        for r in regions:
+            searches[f"ref:peak:{r}:{lb}"] = _one_d(max(1, math.ceil(scaled.peak(r) / c1) - 1), seeds,
+                                                    max_replicas, mk_pool(lb, [r], f"peak-{r}"))
+    return searches
 
-        def mk_pool(keep: Optional[List[str]], tag: str, lb: str):
-            region = keep[0] if keep else first
 
-            def mk(n):  # the whole day's requests (of ``keep``'s regions only), on one zero-RTT pool
-                return _base_run(f"bound-{tag}-{lb}/{n}", lb, {region: n}, scaled, day_s, 1.0, profile, slo,
-                                 {"network": zero, "central_region": region}, keep)
-            return mk
+def _references(answers: Dict[str, Any], systems: Sequence[str], regions: Sequence[str],
+                pool_lbs: Sequence[str]) -> Dict[str, Any]:
+    """Step 3's figures from the searches' answers."""
+    def fewest(region):  # the fewest replicas over the pool LBs (None: none met the SLO), and which LB
+        got = [(answers[f"ref:peak:{region}:{lb}"]["replicas"], lb) for lb in pool_lbs]
+        ok = [g for g in got if g[0] is not None]
+        return min(ok) if ok else (None, None)
 
-        for lb in pool_lbs:
-            searches[f"bound:pooled:{lb}"] = _one_d(max(1, math.ceil(scaled.peak() / c1) - 1), seeds, max_replicas,
-                                                    mk_pool(None, "pooled", lb))
-            for r in regions:
-                searches[f"bound:peak:{r}:{lb}"] = _one_d(max(1, math.ceil(scaled.peak(r) / c1) - 1), seeds,
-                                                          max_replicas, mk_pool([r], f"peak-{r}", lb))
-    answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan")
+    peak_parts = {r: fewest(r) for r in regions}
+    return {
+        "pooled": {s: answers[f"ref:pooled:{s}"]["replicas"] for s in systems},
+        "pooled_note": "each system's own policy with every replica in one region, zero RTT, the whole day's "
+                       "demand: a reference, not a bound (no system is held to it)",
+        "pool_lbs": list(pool_lbs),
+        "sum_of_regional_peaks": (sum(n for n, _ in peak_parts.values())
+                                  if all(n for n, _ in peak_parts.values()) else None),
+        "sum_of_regional_peaks_per_region": {r: n for r, (n, _) in peak_parts.items()},
+        "sum_of_regional_peaks_lb": {r: lb for r, (_, lb) in peak_parts.items()},
+        "searches": {k: v for k, v in answers.items() if k.startswith("ref:")},
+    }
 
+
+def _system_rows(systems: Sequence[str], answers: Dict[str, Any], prices: Dict[str, float],
+                 c1: float) -> List[Dict[str, Any]]:
     rows = []
     for s in systems:
         a = answers[s]
@@ -347,6 +368,43 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
             row["gpu_savings_vs_region_local"] = 1.0 - row["gpus"] / rl["gpus"]
             if row.get("cost_per_day") is not None and rl.get("cost_per_day"):
                 row["cost_savings_vs_region_local"] = 1.0 - row["cost_per_day"] / rl["cost_per_day"]
+    return rows
+
+
+def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYSTEMS), profile: str = DEFAULT_PROFILE,
+         prices: Optional[Dict[str, float]] = None, seeds: Sequence[int] = (0,), day_s: float = DEFAULT_PLAN_DAY_S,
+         multiplier: float = 1.0, max_replicas: int = 64, references: bool = True, ray: bool = False,
+         address: Optional[str] = None, progress: bool = True, capacity: Optional[float] = None,
+         pool_lbs: Sequence[str] = POOL_LBS, bounds: Optional[bool] = None) -> Dict[str, Any]:
+    """The plan (module docstring) as a JSON-able dict. ``capacity``: skip step 1 and use this ``c1``.
+    ``bounds``: the former name of ``references`` (step 3's figures were called bounds; they are not)."""
+    if bounds is not None:
+        references = bounds
+    prices = _check_plan_inputs(demand, systems, profile, seeds, pool_lbs, references, day_s, multiplier,
+                                max_replicas, prices)
+    regions = demand.regions
+    scaled = demand.scaled(multiplier)
+    t0 = time.perf_counter()
+    if capacity is None:  # 1. one replica's capacity (req/s at the SLO, flat demand, first region)
+        c1, cap_detail = _capacity(regions[0], profile, slo, seeds, ray, address, progress)
+    else:
+        c1, cap_detail = float(capacity), {"given": True}
+    if not c1 > 0:
+        raise ValueError(f"one replica of {profile} does not meet {slo} even at a tiny load; loosen the SLO")
+
+    def mk_system(system, reps):
+        return _base_run(f"{system}/{'-'.join(f'{r}{n}' for r, n in reps.items())}", system, reps, scaled, day_s,
+                         1.0, profile, slo)
+
+    def run_of(label, system, reps, deploy, keep):
+        return _base_run(label, system, reps, scaled, day_s, 1.0, profile, slo, deploy, keep)
+
+    start = {r: max(1, int(math.floor(START_FRACTION * scaled.peak(r) / c1))) for r in regions}
+    searches = {s: _greedy(s, scaled, start, seeds, max_replicas, mk_system) for s in systems}
+    if references:
+        searches.update(_reference_searches(scaled, c1, systems, pool_lbs, seeds, max_replicas, run_of))
+    answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan")
+    rows = _system_rows(systems, answers, prices, c1)
     out: Dict[str, Any] = {
         "demand": {"source": demand.source, "regions": regions, "rates_rps_by_utc_hour": scaled.to_kw(),
                    "peak_rps": {r: scaled.peak(r) for r in regions}, "peak_total_rps": scaled.peak(),
@@ -357,42 +415,41 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
         "one_replica_capacity_rps": c1, "capacity_search": cap_detail, "start": start,
         "systems": rows, "max_replicas": max_replicas,
     }
-    if bounds:
-        def best(key):  # the fewest replicas over the pool LBs (None: none met the SLO), and which LB
-            got = [(answers[f"{key}:{lb}"]["replicas"], lb) for lb in pool_lbs]
-            ok = [g for g in got if g[0] is not None]
-            return min(ok) if ok else (None, None)
-
-        peak_parts = {r: best(f"bound:peak:{r}") for r in regions}
-        pooled = best("bound:pooled")
-        out["bounds"] = {
-            "pool_lbs": list(pool_lbs),
-            "sum_of_regional_peaks": (sum(n for n, _ in peak_parts.values())
-                                      if all(n for n, _ in peak_parts.values()) else None),
-            "sum_of_regional_peaks_per_region": {r: n for r, (n, _) in peak_parts.items()},
-            "sum_of_regional_peaks_lb": {r: lb for r, (_, lb) in peak_parts.items()},
-            "one_pooled_region": pooled[0], "one_pooled_region_lb": pooled[1],
-            "searches": {k: v for k, v in answers.items() if k.startswith("bound:")},
-        }
+    if references:
+        out["references"] = _references(answers, systems, regions, pool_lbs)
+        for row in rows:
+            row["pooled_reference_gpus"] = out["references"]["pooled"][row["system"]]
     out["wall_s_note"] = "not part of the result (wall time varies)"
     out["_wall_s"] = time.perf_counter() - t0
     return out
 
 
+def _ref_cell(n: Optional[int], max_replicas: int) -> str:
+    return str(n) if n else f"none <= {max_replicas}"
+
+
 def format_plan(p: Dict[str, Any]) -> str:
     regions = p["demand"]["regions"]
-    head = ["system", *regions, "GPUs", "GPU-h/day", "$/day", "vs region-local", "P99 TTFT s", "attain", "met"]
+    refs = p.get("references")
+    tpot = p["slo"].get("tpot_s") is not None
+    head = ["system", *regions, "GPUs"] + (["pooled ref"] if refs else []) + [
+        "GPU-h/day", "$/day", "vs region-local", "P99 TTFT s"] + (["P99 TPOT s"] if tpot else []) + ["attain", "met"]
     table = [head]
     for row in p["systems"]:
         reps = row.get("replicas") or {}
         sav = row.get("gpu_savings_vs_region_local")
-        table.append([row["system"], *[str(reps.get(r, "-")) for r in regions], str(row.get("gpus", "-")),
-                      f"{row['gpu_hours_per_day']:.0f}" if row.get("gpus") else "-",
-                      f"{row['cost_per_day']:.0f}" if row.get("cost_per_day") is not None else "-",
-                      f"{sav:+.1%}" if sav is not None else "-",
-                      f"{row['p99_ttft_s']:.3f}" if row.get("p99_ttft_s") is not None else "-",
-                      f"{row['attainment']:.2%}" if row.get("attainment") is not None else "-",
-                      "yes" if row["met"] else "NO"])
+        line = [row["system"], *[str(reps.get(r, "-")) for r in regions], str(row.get("gpus", "-"))]
+        if refs:
+            line.append(_ref_cell(row.get("pooled_reference_gpus"), p["max_replicas"]))
+        line += [f"{row['gpu_hours_per_day']:.0f}" if row.get("gpus") else "-",
+                 f"{row['cost_per_day']:.0f}" if row.get("cost_per_day") is not None else "-",
+                 f"{sav:+.1%}" if sav is not None else "-",
+                 f"{row['p99_ttft_s']:.3f}" if row.get("p99_ttft_s") is not None else "-"]
+        if tpot:
+            line.append(f"{row['p99_tpot_s']:.4f}" if row.get("p99_tpot_s") is not None else "-")
+        line += [f"{row['attainment']:.2%}" if row.get("attainment") is not None else "-",
+                 "yes" if row["met"] else "NO"]
+        table.append(line)
     d = p["demand"]
     peaks = ", ".join(f"{r} peak {d['peak_rps'][r]:.1f}" for r in regions)
     top = (f"plan: demand {d['source']} ({peaks}, "
@@ -400,15 +457,13 @@ def format_plan(p: Dict[str, Any]) -> str:
            f"{','.join(map(str, p['seeds']))}\n{p['compression']['note']}\n"
            f"one replica serves {p['one_replica_capacity_rps']:.2f} req/s at the SLO (flat load)")
     text = top + "\n\n" + text_table(table)
-    b = p.get("bounds")
-    if b:
-        parts = ", ".join(f"{r} {n} ({b['sum_of_regional_peaks_lb'][r]})"
-                          for r, n in b["sum_of_regional_peaks_per_region"].items())
-        text += (f"\n\nbounds (one pool per place, zero RTT, one central LB: the fewer of {', '.join(b['pool_lbs'])}):"
-                 f"\n  sum of regional peaks (region-local at perfect balance): {b['sum_of_regional_peaks']} GPUs "
-                 f"({parts})"
-                 f"\n  one pooled region (no multi-region system should need fewer): {b['one_pooled_region']} GPUs"
-                 f" ({b['one_pooled_region_lb']})")
+    if refs:
+        parts = ", ".join(f"{r} {n} ({refs['sum_of_regional_peaks_lb'][r]})"
+                          for r, n in refs["sum_of_regional_peaks_per_region"].items())
+        text += ("\n\nreferences (zero RTT, every replica in one place; references, not bounds: no system is held "
+                 "to them):\n  pooled ref: the system's own policy on one pooled region with the whole day's demand"
+                 f"\n  sum of regional peaks (each region alone on its own pool, one central LB: the fewer of "
+                 f"{', '.join(refs['pool_lbs'])}): {refs['sum_of_regional_peaks']} GPUs ({parts})")
     return text
 
 
@@ -477,9 +532,12 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--max-replicas", type=int, default=64, help="give up past this many replicas in total")
     sp.add_argument("--capacity", type=float, default=None,
                     help="one replica's req/s at the SLO (skips measuring it)")
-    sp.add_argument("--no-bounds", dest="bounds", action="store_false", help="skip the two sanity bounds")
+    sp.add_argument("--no-references", "--no-bounds", dest="references", action="store_false",
+                    help="skip the references (each system on one zero-RTT pool, the sum of regional peaks); "
+                         "--no-bounds is its former name")
     sp.add_argument("--pool-lbs", default=",".join(POOL_LBS),
-                    help=f"central LBs the bounds' pools try, the fewer replicas counts (default {','.join(POOL_LBS)})")
+                    help="central LBs the sum-of-regional-peaks reference tries, the fewer replicas counts "
+                         f"(default {','.join(POOL_LBS)})")
     sp.add_argument("--out", default=None, help="output directory (plan.json, plan.txt, plan.png)")
     add_runner_args(sp)
     sp.set_defaults(func=run_plan, _plan_parser=sp)
@@ -504,25 +562,10 @@ def _parse_prices(parser, spec: Optional[str]) -> Dict[str, float]:
     return out
 
 
-def parse_slos(parser, spec: str) -> List[float]:
-    """``--ttft-slo``: one or more comma-separated seconds, each a finite number > 0 (parser error naming it)."""
-    out: List[float] = []
-    for part in str(spec).split(","):
-        try:
-            v = float(part)
-        except ValueError:
-            parser.error(f"--ttft-slo: {part.strip()!r} is not a number of seconds")
-        if not (math.isfinite(v) and v > 0):
-            parser.error(f"--ttft-slo must be a finite number > 0, got {part.strip()}")
-        if v in out:
-            parser.error(f"--ttft-slo: {part.strip()} is listed twice")
-        out.append(v)
-    return out
-
-
 def format_sweep(plans: List[Dict[str, Any]]) -> str:
-    """GPUs per system (rows) per SLO (columns) of an SLO sweep; ``none <= N`` where a system meets the
-    SLO at no count up to ``--max-replicas``."""
+    """GPUs per system (rows) per SLO (columns) of an SLO sweep, with the system's pooled reference in
+    brackets when the plans have references; ``none <= N`` where a system meets the SLO at no count up to
+    ``--max-replicas``."""
     slos = [p["slo_text"] for p in plans]
     systems = [r["system"] for r in plans[0]["systems"]]
     rows = []
@@ -530,10 +573,12 @@ def format_sweep(plans: List[Dict[str, Any]]) -> str:
         row = [s]
         for p in plans:
             r = next(x for x in p["systems"] if x["system"] == s)
-            row.append(str(r["gpus"]) if r.get("gpus") else f"none <= {p['max_replicas']}")
+            cell = _ref_cell(r.get("gpus"), p["max_replicas"])
+            if p.get("references"):
+                cell += f" (pool {_ref_cell(r.get('pooled_reference_gpus'), p['max_replicas'])})"
+            row.append(cell)
         rows.append(row)
-    pooled = ["pooled reference"] + [str((p.get("bounds") or {}).get("one_pooled_region") or "-") for p in plans]
-    return text_table([["system"] + slos, *rows, pooled])
+    return text_table([["system"] + slos, *rows])
 
 
 def run_plan(args) -> int:
@@ -560,7 +605,7 @@ def run_plan(args) -> int:
         try:
             p = plan(demand, SLO(ttft, args.tpot_slo), systems=systems, profile=args.profile, prices=prices,
                      seeds=seeds, day_s=args.day_s, multiplier=args.rate_scale, max_replicas=args.max_replicas,
-                     bounds=args.bounds, ray=args.ray, address=args.address, progress=args.progress,
+                     references=args.references, ray=args.ray, address=args.address, progress=args.progress,
                      capacity=args.capacity, pool_lbs=[s.strip() for s in args.pool_lbs.split(",") if s.strip()])
         except ValueError as e:
             field = str(e).split(":", 1)[0].split(" ", 1)[0]
@@ -577,7 +622,9 @@ def run_plan(args) -> int:
         plans.append(p)
     if len(plans) > 1:
         sweep = format_sweep(plans)
-        print(f"GPUs per system per SLO ({demand.source}; seeds {','.join(map(str, seeds))}):\n{sweep}")
+        print(f"GPUs per system per SLO ({demand.source}; seeds {','.join(map(str, seeds))}"
+              f"{'; in brackets each system alone on one zero-RTT pool, a reference' if args.references else ''})"
+              f":\n{sweep}")
         if args.out:
             from .metrics import dumps
 

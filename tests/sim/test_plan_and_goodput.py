@@ -130,7 +130,7 @@ def _small_plan(**kw):
                 max_replicas=8, **kw)
 
 
-def test_plan_small_case_reports_gpus_savings_bounds_and_the_compression():
+def test_plan_small_case_reports_gpus_savings_references_and_the_compression():
     p = _small_plan(prices={"us": 2.0, "eu": 3.0})
     rows = {r["system"]: r for r in p["systems"]}
     assert all(r["met"] for r in rows.values())
@@ -138,15 +138,37 @@ def test_plan_small_case_reports_gpus_savings_bounds_and_the_compression():
     assert rl["gpus"] == sum(rl["replicas"].values()) and rl["gpu_hours_per_day"] == rl["gpus"] * 24
     assert rl["cost_per_day"] == pytest.approx(24 * (2.0 * rl["replicas"]["us"] + 3.0 * rl["replicas"]["eu"]))
     assert rl["gpu_savings_vs_region_local"] == 0.0
-    b = p["bounds"]
-    assert b["one_pooled_region"] <= b["sum_of_regional_peaks"]
-    for r in rows.values():  # the pooled figure is a central LB's on a zero-RTT pool: a reference, not a
-        assert all(n >= 1 for n in r["replicas"].values())  # proven bound, so nothing is held to it here
+    refs = p["references"]
+    assert "bounds" not in p and "not a bound" in refs["pooled_note"]
+    assert set(refs["pooled"]) == set(rows)  # every system on the pool under its own policy
+    for r in rows.values():  # a reference, not a proven bound: nothing here holds a plan to it
+        assert r["pooled_reference_gpus"] == refs["pooled"][r["system"]] >= 1
+        assert all(n >= 1 for n in r["replicas"].values())
+    assert refs["sum_of_regional_peaks"] == sum(refs["sum_of_regional_peaks_per_region"].values())
+    assert set(refs["sum_of_regional_peaks_lb"].values()) <= {"ray-prefix", "sgl"}
     assert p["compression"]["factor"] == 3600.0
     text = format_plan(p)
-    assert "x3600" in text and "one pooled region" in text and "sum of regional peaks" in text
-    assert b["one_pooled_region_lb"] in ("ray-prefix", "sgl")
+    assert "x3600" in text and "pooled ref" in text and "sum of regional peaks" in text
+    assert "not bounds" in text and "bound (" not in text
     json.loads(dumps(p))
+
+
+def test_the_pooled_reference_runs_each_systems_own_policy_on_one_zero_rtt_pool():
+    from ray_geolb.sim.plan import _base_run, _reference_searches
+
+    d = Demand({"us": [2.0] * 24, "eu": [4.0] * 24, "asia": [3.0] * 24}, "test")
+
+    def run_of(label, system, reps, deploy, keep):
+        return _base_run(label, system, reps, d, 12.0, 1.0, PROFILE, SLO1, deploy, keep)
+
+    searches = _reference_searches(d, 20.0, ["geoprefix", "region-local", "ray-prefix"], ["sgl"], [0], 8, run_of)
+    for s in ("geoprefix", "region-local", "ray-prefix"):
+        (run,) = next(searches[f"ref:pooled:{s}"])
+        assert run["system"] == s and list(run["replicas"]) == ["us"]
+        assert "keep_regions" not in run["workload"]["kw"]  # the whole day's demand, every region's clients
+        assert {ms for _, _, ms in run["deploy"]["network"]["rtt_ms"]} == {0.0}
+    (run,) = next(searches["ref:peak:eu:sgl"])
+    assert run["system"] == "sgl" and run["replicas"] == {"eu": 1} and run["workload"]["kw"]["keep_regions"] == ["eu"]
 
 
 def test_plan_cli_writes_table_json_and_png(tmp_path, capsys):

@@ -35,3 +35,26 @@ def test_a_bad_slo_in_the_list_is_an_error_naming_the_flag(spec, says, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert "--ttft-slo" in err and says in err
+
+
+def test_a_tpot_slo_no_count_meets_is_marked_and_shown(tmp_path, capsys):
+    out = tmp_path / "tpot"
+    rc = main(["plan", "--mean-rps", "8", "--day-s", "12", "--capacity", "20", "--systems", "region-local",
+               "--no-references", "--no-progress", "--ttft-slo", "1", "--tpot-slo", "0.0001", "--max-replicas", "4",
+               "--out", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "P99 TPOT <= 0.0001 s" in printed and "P99 TPOT s" in printed
+    (row,) = json.loads((out / "plan.json").read_text())["systems"]
+    assert not row["met"] and "--max-replicas" in row["note"]
+    assert all(h["p99_tpot_s"] is None or h["p99_tpot_s"] > 0.0001 for h in row["history"]) and row["history"]
+
+
+@pytest.mark.parametrize("flag, value, says", [("--tpot-slo", "0", "> 0"), ("--tpot-slo", "fast", "invalid float"),
+                                               ("--tpot-slo", "nan", "> 0"), ("--ttft-slo", "", "not a number")])
+def test_a_bad_tpot_slo_is_an_error_naming_the_flag(flag, value, says, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--capacity", "20", "--day-s", "12", "--no-progress", flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err and says in err
