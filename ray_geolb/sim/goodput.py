@@ -516,7 +516,7 @@ def run_goodput(args) -> int:
     searches: Dict[str, Search] = {}
     for s in inp["systems"]:
         run = {"label": s, "group": "goodput", "scenario": "goodput", "system": s, "replicas": inp["replicas"],
-               "workload": {"name": "geo-diurnal", "kw": {"curves": demand.to_kw(), "day_s": args.day_s}},
+               "workload": {"name": "geo-diurnal", "kw": {**demand.workload_kw(), "day_s": args.day_s}},
                "sim": {"duration_s": args.day_s + tail, "seed": 0}, "deploy": {"profile": args.profile}}
         searches[s] = _goodput_search(run, inp["seeds"] + inp["held_out"], args.start, MAX_DOUBLINGS,
                                       args.bisect_steps, slos, at=args.at)

@@ -50,7 +50,7 @@ def goodput_result(ans: Dict[str, dict], inp: Dict[str, Any], args) -> Dict[str,
     demand, seeds, held = inp["demand"], inp["seeds"], inp["held_out"]
     out: Dict[str, Any] = {
         "demand": {"source": demand.source, "mean_rps": sum(demand.total()) / 24.0,
-                   "rates_rps_by_utc_hour": demand.to_kw()},
+                   "rates_rps_by_utc_hour": demand.to_kw(), "workload": dict(demand.workload)},
         "replicas": inp["replicas"], "profile": args.profile, "slo": inp["slos"][0].to_dict(),
         "slos": [s.to_dict() for s in inp["slos"]], "slo_texts": [str(s) for s in inp["slos"]],
         "seeds": seeds, "held_out_seeds": held,

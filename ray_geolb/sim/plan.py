@@ -85,7 +85,7 @@ CAPACITY_DAY_S = 48.0
 
 def _base_run(label: str, system: str, replicas: Dict[str, int], demand: Demand, day_s: float, multiplier: float,
               profile: str, slo: SLO, deploy: Optional[dict] = None, keep: Optional[List[str]] = None) -> dict:
-    kw = {"curves": demand.to_kw(), "day_s": day_s, "multiplier": multiplier}
+    kw = {**demand.workload_kw(), "day_s": day_s, "multiplier": multiplier}  # the demand's arrivals and mix too
     if keep is not None:
         kw["keep_regions"] = list(keep)
     return {"label": label, "group": "plan", "scenario": "plan", "system": system, "replicas": dict(replicas),
@@ -285,10 +285,12 @@ def _check_plan_inputs(demand: Demand, systems: Sequence[str], profile: str, see
     return prices
 
 
-def _capacity(region: str, profile: str, slo: SLO, seeds: Sequence[int], ray: bool, address: Optional[str],
+def _capacity(demand: Demand, profile: str, slo: SLO, seeds: Sequence[int], ray: bool, address: Optional[str],
               progress: bool) -> tuple:
-    """Step 1: one replica's SLO goodput (req/s, flat demand in ``region``) and the search behind it."""
-    flat = Demand({region: [1.0] * 24}, "flat")
+    """Step 1: one replica's SLO goodput (req/s, flat demand in the first region, the demand's arrivals and
+    request mix) and the search behind it."""
+    region = demand.regions[0]
+    flat = Demand({region: [1.0] * 24}, "flat", workload=dict(demand.workload))
     cap_run = _base_run("capacity/1-replica", "region-local", {region: 1}, flat, CAPACITY_DAY_S, 1.0, profile, slo)
     cap_run.pop("hour_s")
     g = goodput_many({"capacity": cap_run}, slo, seeds, start=4.0, max_doublings=10, bisect_steps=4, ray=ray,
@@ -386,7 +388,7 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     scaled = demand.scaled(multiplier)
     t0 = time.perf_counter()
     if capacity is None:  # 1. one replica's capacity (req/s at the SLO, flat demand, first region)
-        c1, cap_detail = _capacity(regions[0], profile, slo, seeds, ray, address, progress)
+        c1, cap_detail = _capacity(demand, profile, slo, seeds, ray, address, progress)
     else:
         c1, cap_detail = float(capacity), {"given": True}
     if not c1 > 0:
@@ -408,7 +410,7 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     out: Dict[str, Any] = {
         "demand": {"source": demand.source, "regions": regions, "rates_rps_by_utc_hour": scaled.to_kw(),
                    "peak_rps": {r: scaled.peak(r) for r in regions}, "peak_total_rps": scaled.peak(),
-                   "meta": demand.meta},
+                   "meta": demand.meta, "workload": dict(demand.workload)},
         "compression": {"day_s": day_s, "factor": 86400.0 / day_s, "multiplier": multiplier,
                         "note": Demand.compression_note(day_s, multiplier)},
         "profile": profile, "slo": slo.to_dict(), "slo_text": str(slo), "seeds": list(seeds), "prices": prices,

@@ -129,3 +129,19 @@ def test_goodput_bad_slos_and_seeds_are_errors_naming_the_flag(capsys, argv, say
         main(["goodput", "--no-progress", "--seeds", "0", *argv])
     assert e.value.code == 2
     assert says in capsys.readouterr().err
+
+
+def test_a_demand_with_its_own_arrivals_and_mix_keeps_them_in_plan_and_goodput(tmp_path):
+    from ray_geolb.__main__ import main
+    from ray_geolb.sim.plan import _base_run
+    from ray_geolb.sim.workloads.geo_diurnal import load_demand
+
+    d = load_demand("azure-bursty-3", 8.0)
+    assert d.workload  # arrivals replayed from a trace, its request mix
+    kw = _base_run("x", "geoprefix", {"us": 1}, d, 12.0, 1.0, PROFILE, SLO(1.0))["workload"]["kw"]
+    assert {k: kw[k] for k in d.workload} == d.workload and kw["curves"] == d.to_kw()
+    out = tmp_path / "gp"
+    assert main(["goodput", "--demand", "azure-bursty-3", "--mean-rps", "8", "--day-s", "6", "--regions",
+                 "us=1,eu=1,asia=1", "--systems", "region-local", "--start", "4", "--bisect-steps", "0",
+                 "--no-progress", "--out", str(out)]) == 0
+    assert json.loads((out / "goodput.json").read_text())["demand"]["workload"] == d.workload
