@@ -30,6 +30,9 @@ A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_
   ``{"regions": [...], "rtt_ms": [[a, b, ms], ...], "intra_ms": 0}`` so a run dict stays JSON-able;
 * ``rtt_aware``: the central LB's cost policy gets ``rtt_of_target`` = the RTT client -> LB -> replica
   (GORGO-proxy; see the simulator).
+* ``standby_region``: where a central system's standby LB sits, the one that takes over when clients
+  cannot reach the central LB (a run with faults only: ``sim/faults.py``); None: :meth:`DeploymentSpec.standby`
+  picks the region nearest ``central_region`` (one with replicas if there is one).
 
 Clients are sent to the LB of their own region; a region without an LB sends its clients to the
 LB with the smallest RTT.
@@ -107,6 +110,7 @@ class DeploymentSpec:
     network: Optional[RegionNetwork] = None
     system: str = ""
     rtt_aware: bool = False
+    standby_region: Optional[str] = None
     #: the region layer's settings: ``REGION_LAYER`` with ``region_layer``'s changes (set by the constructor)
     settings: RegionLayerSettings = field(init=False, repr=False, compare=False)
 
@@ -145,6 +149,13 @@ class DeploymentSpec:
                 raise ValueError(f"replica region {r!r} is not in the network {self.network.regions}")
         if self.lb_kind == "central" and self.central_region not in self.network:
             raise ValueError(f"central_region {self.central_region!r} is not in the network {self.network.regions}")
+        if self.standby_region is not None:
+            if self.lb_kind != "central":
+                raise ValueError("standby_region applies to a central LB only (per-region systems fail over to "
+                                 "another region's LB)")
+            if self.standby_region not in self.network or self.standby_region == self.central_region:
+                raise ValueError(f"standby_region {self.standby_region!r} must be a region of the network "
+                                 f"{self.network.regions} other than central_region {self.central_region!r}")
 
     @property
     def ingress_lbs(self) -> bool:
@@ -163,6 +174,17 @@ class DeploymentSpec:
         if self.lb_kind == "central":
             return [self.central_region]
         return self.replica_regions
+
+    def standby(self) -> Optional[str]:
+        """A central system's standby LB region: ``standby_region``, else the region nearest
+        ``central_region`` among those with replicas (else among all); None if not central or no other region."""
+        if self.lb_kind != "central":
+            return None
+        if self.standby_region is not None:
+            return self.standby_region
+        others = [r for r in self.replica_regions if r != self.central_region] or \
+            [r for r in self.network.regions if r != self.central_region]
+        return self.network.nearest(self.central_region, others) if others else None
 
     def lb_for_client(self, region: str) -> str:
         """The LB a client of ``region`` is sent to (its own region's, else the nearest by RTT)."""
@@ -187,6 +209,7 @@ class DeploymentSpec:
             "stats_lag_s": self.stats_lag_s,
             "region_layer": self.settings.model_dump() if self.ingress_lbs else None,
             "rtt_aware": self.rtt_aware,
+            **({"standby_region": self.standby_region} if self.standby_region is not None else {}),
             "network_rtt_ms": {f"{a}-{b}": self.network.rtt_ms(a, b)
                                for i, a in enumerate(self.network.regions)
                                for b in self.network.regions[i + 1:]},

@@ -8,3 +8,6 @@ REG_REPLY, RTT_PROBE, LB_TIMEOUT, RETRY = 14, 15, 16, 17
 #: cross-region work stealing (policy/region/steal.py): an offer reaching its victim, a stolen request
 #: reaching its thief, the thief's answer (taken / refused, the request back with it) reaching the victim
 STEAL_OFFER, STEAL_ARRIVE, STEAL_SETTLE, STEAL_ANSWER = 18, 19, 20, 21
+#: region outages and partitions (sim/faults.py): a fault's begin / end / failover decision (``a`` the action,
+#: ``b`` the fault), and a call that could not connect coming back to its caller (``a`` the LB)
+FAULT, CALL_FAILED = 22, 23

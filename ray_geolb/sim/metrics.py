@@ -17,7 +17,9 @@
   waiting + running), sampled every ``sample_period_s`` while anything is outstanding, time-averaged;
   max/min uses max(1, min);
 * ``cross_region_share``: completed requests served by a replica outside the client's region;
-* counters (sent / completed / rejected / in flight at the cut-off, forwards, holds...).
+* counters (sent / completed / rejected / in flight at the cut-off, forwards, holds...);
+* ``faults`` (a run with region outages or partitions only): attainment and goodput through each fault
+  (:func:`ray_geolb.sim.faults.fault_report`).
 
 :func:`dumps` writes sorted keys with every float rounded to 6 decimals, so the same run gives the
 same bytes.
@@ -97,6 +99,10 @@ def summarize(result) -> Dict[str, Any]:
         "deployment": result.deployment,
         "config": result.config,
     }
+    if getattr(result, "faults", None):
+        from .faults import fault_report
+
+        m["faults"] = fault_report(result)
     return m
 
 

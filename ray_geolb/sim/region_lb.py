@@ -55,6 +55,8 @@ class LBDriver(Protocol):
     lbs: Dict[str, "RegionLB"]
     replicas: Dict[str, Any]
     registry_region: Optional[str]
+    #: region outages and partitions (``sim/faults.py``'s ``FaultModel``), or None
+    faults: Any
 
     def push(self, t: float, kind: int, a=None, b=None) -> None: ...
 
@@ -76,7 +78,7 @@ class RegionLB:
     (per-region and region-local LBs); False: a central LB."""
 
     __slots__ = ("sim", "name", "region", "router", "queue", "peers", "policy", "ingress", "rule", "reg_delay",
-                 "summary_rule", "thief", "victim")
+                 "summary_rule", "thief", "victim", "down")
 
     def __init__(self, sim: LBDriver, name: str, region: str, router: RegionRouter, ingress: bool = False):
         self.sim = sim
@@ -98,6 +100,8 @@ class RegionLB:
         #: cross-region work stealing (TwoLayerConfig.steal; policy/region/steal.py): the router's, per-region LBs only
         self.thief = router.thief if ingress else None
         self.victim = router.victim if ingress else None
+        #: in a region outage (sim/faults.py)
+        self.down = False
 
     # ------------------------------------------------------------------ the queue
     def on_arrive(self, req) -> None:
@@ -195,6 +199,9 @@ class RegionLB:
                                 "policy": self.policy, "hops": req.rreq.hops})
             router.on_dispatch(req.rreq, d.target, now)
             sim.count(f"local:{d.reason or 'local'}")
+            if sim.faults is not None and not sim.faults.reaches(self.region, rep.region):
+                sim.faults.call_failed(self, req, rep)  # a replica down or across a cut: nothing reaches it
+                return
             req.serve_lb = self
             req.replica = rep
             req.t_disp = now
@@ -214,10 +221,14 @@ class RegionLB:
                 router.note_forward(d.target)
             sim.c["forwards"] += 1
             sim.count(f"forward:{d.reason}")
+            if sim.faults is not None and (peer.down or not sim.faults.reaches(self.region, peer.region)):
+                sim.faults.call_failed(self, req, peer)  # the peer down or across a cut: nothing reaches it
+                return
             req.rreq.hops += 1
             req.cross = True
             delay = sim.one_way(self.region, peer.region)
             req.path += delay
+            req.lb = peer
             sim.push(now + delay, LB_ARRIVE, peer, req)
         else:  # reject
             sim.reject(req, d.reason)
@@ -309,6 +320,7 @@ class RegionLB:
             req.rreq.hops += 1
             req.cross = True
             req.path += delay
+            req.lb = thief_lb
             sim.c["steals_handed"] = sim.c.get("steals_handed", 0) + 1
             sim.push(now + delay, STEAL_ARRIVE, thief_lb, (self, offer.offer_id, req))
         sim.push(now + delay, STEAL_ANSWER, thief_lb, (self.region, offer.offer_id, len(keys), len(q)))
@@ -354,6 +366,7 @@ class RegionLB:
             return
         place, hops, cross, path = st
         req.rreq.hops, req.cross, req.path = hops, cross, path
+        req.lb = self
         sim = self.sim
         req.t_lb = sim.now
         self.queue.restore(req.rid, req, place)
@@ -394,8 +407,12 @@ class RegionLB:
 
     def on_ping_reply(self, item) -> None:
         region, sent, idx = item
+        self.router.observe_rtt(region, self.sim.now - sent)
+        self.next_probe(idx)
+
+    def next_probe(self, idx: int) -> None:
+        """After the probe of peer ``idx`` (answered, or lost to a fault): the next peer, or the pause."""
         sim = self.sim
-        self.router.observe_rtt(region, sim.now - sent)
         if idx + 1 < len(self.peers):
             self.on_rtt_probe(idx + 1)
         else:

@@ -3,13 +3,18 @@
 A run travels as a plain dict (JSON-able: the scenarios build it, the CLI and the benchmarks change
 it, Ray tasks ship it, ``results.json`` records it); :func:`~ray_geolb.sim.scenarios.run_one`
 validates it here on entry, so a bad run fails before it simulates, with an error naming the field
-(``sim.duraton_s``, ``workload.name``, ``replicas.us``)."""
+(``sim.duraton_s``, ``workload.name``, ``replicas.us``, ``faults[0].region``).
+
+``sim.faults`` (``SimConfig.faults``, ``sim/faults.py``): region outages and partitions, e.g.
+``[{"kind": "outage", "region": "eu", "start_s": 60, "duration_s": 60, "detect_s": 10}]``; each is checked
+here against the run (a kind, a region of the deployment's network, a window inside ``[0, sim.duration_s)``,
+a duration > 0, no two overlapping windows on one region)."""
 
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, field_validator, model_validator
 from typing_extensions import Annotated
 
 from .simulator import SimConfig
@@ -51,3 +56,12 @@ class RunSpec(BaseModel):
     @classmethod
     def _no_deploy(cls, v: Any) -> Any:
         return {} if v is None else v
+
+    @model_validator(mode="after")
+    def _fault_regions(self) -> "RunSpec":
+        if self.sim.faults:
+            from .deploy import resolve_network
+            from .faults import check_faults
+
+            check_faults(self.sim.faults, regions=resolve_network(self.deploy.get("network")).regions)
+        return self

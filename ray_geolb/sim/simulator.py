@@ -48,6 +48,7 @@ from .events import (
     STEP_END,
     STEP_WAKE,
 )
+from .faults import FaultModel, check_faults
 from .observe import IdealPrefixCache, LoadSampler
 from .region_lb import RegionLB
 
@@ -63,13 +64,18 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
               "event that changes what the decision reads (arrival, replica report, completion, peer table)",
     "registry.name": "the registry actor's name; the simulated registry is one object",
     "registry.namespace": "the registry actor's namespace; the simulated registry is one object",
-    "registry.timeout_s": "registry calls never fail or time out in the simulator (no failures are modelled)",
+    "registry.timeout_s": "a registry call that cannot get through (the registry's region down, or across a cut: "
+                          "sim/faults.py) is lost at once and the LB ticks again one period later; no registry is "
+                          "ever slow, so nothing times out",
     "snapshot_period_s": "the regional snapshot is mirrored to the registry only so that a restarted ingress can "
-                         "reload it; simulated LBs never restart",
+                         "reload it; a simulated LB restarting after an outage (sim/faults.py) keeps its router as "
+                         "it was, as if it had reloaded it",
     "default_max_tokens": "an HTTP request default; a simulated request carries its workload's own max_tokens",
     "max_tokens_limit": "HTTP request validation; simulated workloads are valid by construction",
-    "first_token_timeout_s": "streams never stall in the simulator (no failures are modelled)",
-    "stream_idle_timeout_s": "streams never stall in the simulator (no failures are modelled)",
+    "first_token_timeout_s": "streams never stall in the simulator: a stream runs, or a fault loses it at once and "
+                             "its client sends the request again (sim/faults.py)",
+    "stream_idle_timeout_s": "streams never stall in the simulator: a stream runs, or a fault loses it at once and "
+                             "its client sends the request again (sim/faults.py)",
     "max_concurrent": "an HTTP concurrency bound per ingress replica (429); simulated clients are the workload's "
                       "own and every LB queue is bounded by max_queue, which is compared",
     "tenant_header": "the HTTP header a tenant is read from; simulated requests carry no tenant (the region "
@@ -80,16 +86,20 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                      "request the engine could never run (request_fits) instead, so none reaches an LB",
     "max_chars_per_token": "the bound behind the ingress's context-length check; simulated prompts come with "
                            "their token counts",
-    "forward_timeout_s": "forwards never fail in the simulator (no failures: no timeouts, no unreachable peer, "
-                         "no re-decision after a failed forward)",
+    "forward_timeout_s": "a forward that cannot connect (its peer down, or across a cut: sim/faults.py) fails one "
+                         "round trip later and is decided again, as on Serve's ForwardFailed; one that connected "
+                         "never hangs, so nothing times out",
     "request_timeout_s": "a request's deadline until its response starts (503 / 504); simulated requests wait "
-                         "at most max_wait_s at an LB, which is compared, and nothing else fails or stalls",
-    "retry_budget_ratio": "the budget of retries of forwards that could not reach their peer; forwards never "
-                          "fail in the simulator",
-    "retry_budget_min_per_s": "the budget of retries of forwards that could not reach their peer; forwards "
-                              "never fail in the simulator",
+                         "at most max_wait_s at an LB, which is compared, and nothing stalls (a fault loses a "
+                         "request at once: sim/faults.py)",
+    "retry_budget_ratio": "the budget of retries of forwards that could not reach their peer; the simulated LB "
+                          "decides every such request again (sim/faults.py) without a budget -- they stop once "
+                          "the peer's heartbeat is stale",
+    "retry_budget_min_per_s": "the budget of retries of forwards that could not reach their peer; the simulated "
+                              "LB decides every such request again (sim/faults.py) without a budget",
     "snapshot_max_rows": "rows of the regional snapshot one heartbeat may carry to the registry's mirror (for a "
-                         "restarted ingress); the simulator mirrors no snapshot: simulated LBs never restart",
+                         "restarted ingress); the simulator mirrors no snapshot: an LB restarting after an outage "
+                         "keeps its router as it was",
     "debug": "operator access to the state endpoint and per-request figures",
     "admin_token": "operator access to the state endpoint and per-request figures",
     "admin_token_env": "operator access to the state endpoint and per-request figures",
@@ -104,6 +114,12 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
                               "simulator has no handles",
     "ingress_replicas > 1": "several ingress replicas per region share each report's headroom; the simulator "
                             "runs one LB per region, as build_region_apps does by default",
+    "circuit breaker of an unreachable peer (BREAKER_BACKOFF_S)": "after a failed forward the simulated LB marks "
+        "the peer unavailable until its next peer table, not for a backoff; a peer that stopped heartbeating "
+        "(down, or across a cut: sim/faults.py) is stale after peer_stale_s anyway",
+    "502 handover_lost": "a peer that fails after it may have taken a forwarded request answers 502 and the client "
+                         "retries; in the simulator a fault loses the request and its client sends it again "
+                         "retry_after_s later, the same outcome without the error body",
     "registry call latency in the one-machine demo": "the demo injects inter-region latency around forwards and "
                                                      "probes only; the simulator charges each heartbeat leg the "
                                                      "one-way delay to the registry's region, as a real multi-region "
@@ -125,6 +141,9 @@ class SimConfig:
     #: the control plane runs this long before the first request (from ``-warmup_s`` to 0): replica
     #: reports, heartbeats and RTT probes, on idle engines -- a deployment is up before its traffic
     warmup_s: float = 5.0
+    #: region outages and partitions (``sim/faults.py``): Faults or dicts ``{kind, region, start_s, duration_s[,
+    #: detect_s]}``, each window inside ``[0, duration_s)``
+    faults: Tuple[Any, ...] = ()
 
     def __post_init__(self):
         if not self.duration_s > 0:
@@ -135,10 +154,11 @@ class SimConfig:
             raise ValueError(f"sample_period_s must be > 0, got {self.sample_period_s!r}")
         if not (isinstance(self.warmup_s, (int, float)) and 0 <= self.warmup_s < float("inf")):
             raise ValueError(f"warmup_s must be a finite number >= 0, got {self.warmup_s!r}")
+        self.faults = check_faults(self.faults, duration_s=self.duration_s)
 
 
 class _Replica:
-    __slots__ = ("id", "region", "engine", "stepping", "lbs", "zero_steps")
+    __slots__ = ("id", "region", "engine", "stepping", "lbs", "zero_steps", "down")
 
     def __init__(self, rid, region, engine):
         self.id = rid
@@ -147,6 +167,7 @@ class _Replica:
         self.stepping = False
         self.lbs: List[RegionLB] = []
         self.zero_steps = 0
+        self.down = False  # in a region outage (sim/faults.py)
 
 
 class _Run:
@@ -171,7 +192,8 @@ class _Run:
 class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
                  "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp",
-                 "max_tokens", "ideal_hit", "kv_hashes", "eng_uncached", "eng_queued", "eng_prefill")
+                 "max_tokens", "ideal_hit", "kv_hashes", "eng_uncached", "eng_queued", "eng_prefill", "entry", "lb",
+                 "lost")
 
     def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send, max_tokens=None):
         self.rid = rid
@@ -198,6 +220,8 @@ class _Req:
         self.held = False
         self.t_disp = 0.0  # when the serving LB dispatched it to the replica
         self.max_tokens = max_tokens  # the client's max_tokens (None: not sent)
+        self.entry = self.lb = None  # the LB its client reached, the LB holding it (or it is on its way to)
+        self.lost = 0  # lost in a fault (sim/faults.py): this attempt is over, its client sends a new one
 
 
 @dataclass
@@ -220,6 +244,8 @@ class SimResult:
     #: per completed request, in ``requests``' order: (network s -- the one-way delays to the replica and
     #: back, engine queued s, engine prefill s, uncached prompt tokens); ``sim/attribution.py`` reads it
     breakdown: Optional[List[tuple]] = None
+    #: a run with faults: what each fault window saw (``FaultModel.result``; ``faults.fault_report`` reads it)
+    faults: Optional[dict] = None
 
 
 class Simulator:
@@ -280,20 +306,10 @@ class Simulator:
                 by_region.setdefault(region, []).append(rid)
         self.settings = dep.settings
         self.lbs: Dict[str, RegionLB] = {}
-        tl = dict(dep.two_layer)
+        tl = self._tl = dict(dep.two_layer)
         if dep.lb_kind == "central":
             tl["max_hops"] = 0
-            region = dep.central_region
-            router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(list(self.replicas)),
-                                  clock=self._clock)
-            lb = self.lbs[region] = RegionLB(self, f"central@{region}", region, router)
-            if dep.rtt_aware:
-                if not hasattr(router.local, "rtt_of_target"):
-                    raise ValueError(f"deployment {dep.system!r}: rtt_aware needs a policy with an "
-                                     f"rtt_of_target hook (a cost policy), got {type(router.local).__name__}")
-                router.local.rtt_of_target = self._central_rtt_fn(region)
-            for r in self.replicas.values():
-                r.lbs.append(lb)
+            self.lbs[dep.central_region] = self.central_lb(dep.central_region, f"central@{dep.central_region}")
         else:
             if dep.lb_kind == "region-local":
                 tl["max_hops"] = 0
@@ -332,50 +348,26 @@ class Simulator:
         self._reqs: Dict[str, _Req] = {}
         self.ideal = IdealPrefixCache(self._block_tokens)
         self.load = LoadSampler()
+        self.faults: Optional[FaultModel] = FaultModel(self, self.cfg.faults) if self.cfg.faults else None
+
+    def central_lb(self, region: str, name: str) -> RegionLB:
+        """A central LB in ``region`` over every replica (the deployment's, or its standby: ``sim/faults.py``)."""
+        dep = self.dep
+        router = RegionRouter(TwoLayerConfig(region=region, **self._tl), self._policy(list(self.replicas)),
+                              clock=self._clock)
+        lb = RegionLB(self, name, region, router)
+        if dep.rtt_aware:
+            if not hasattr(router.local, "rtt_of_target"):
+                raise ValueError(f"deployment {dep.system!r}: rtt_aware needs a policy with an "
+                                 f"rtt_of_target hook (a cost policy), got {type(router.local).__name__}")
+            router.local.rtt_of_target = central_rtt_fn(self.replicas, self.net, region)
+        for r in self.replicas.values():
+            r.lbs.append(lb)
+        return lb
 
     def region_layer_config(self, region: str) -> Dict[str, Any]:
-        """What the LB of ``region`` runs, in the Serve ingress's terms (``IngressConfig`` field names; None
-        where the LB has no such part, e.g. no registry without forwarding): read from the objects this
-        simulator built -- the router's ``TwoLayerConfig``, the registry, the settings its code reads --
-        not from the deployment's defaults. What it leaves out: :data:`SERVE_NOT_SIMULATED`."""
-        lb = self.lbs[region]
-        st = self.settings
-        reg = self.registry
-        net = self.net
-        regions = [region] + [p.region for p in lb.peers]
-        return {
-            "region": lb.region,
-            "peers": sorted(p.region for p in lb.peers) if self._forwarding else [],
-            "policy": lb.policy.config.name,
-            "two_layer": lb.router.config,
-            "local_availability": "router",  # the local policy's own availability (SP-P), as GeoPrefixRouter's
-            "max_queue": st.max_queue if lb.ingress else None,
-            "max_wait_s": st.max_wait_s if lb.ingress else None,
-            "retry_after_s": st.retry_after_s if lb.ingress else None,
-            "registry.period_s": st.heartbeat_period_s if reg is not None else None,
-            "registry.config": None if reg is None else {
-                "max_regions": reg.max_regions, "max_sources_per_region": reg.max_sources, "fresh_s": reg.fresh_s,
-                "drop_after_s": reg.drop_after_s, "max_snapshot_nodes": reg.max_snapshot_nodes},
-            "rtt_probe_period_s": st.rtt_probe_period_s if self._forwarding else None,
-            "latency.rtt_ms": {(a, b): net.rtt_ms(a, b) for a in regions for b in regions if a < b},
-            "note_forwards": st.note_forwards if self._forwarding else None,
-            "forward_past_queue": st.forward_past_queue if lb.ingress else None,
-            "stats_period_s": self.dep.stats_period_s,
-        }
-
-    def _central_rtt_fn(self, lb_region: str):
-        """GORGO-proxy's network term: the RTT a request pays on its way client -> proxy -> replica.
-
-        The client->proxy leg is the same for every replica (so it does not change the argmin) but
-        it is part of what the request really pays, so the cost stays an honest TTFT estimate."""
-        replicas = self.replicas
-        net = self.net
-
-        def rtt(target, req):
-            client = req.region if req.region is not None else lb_region
-            return net.rtt_s(client, lb_region) + net.rtt_s(lb_region, replicas[target].region)
-
-        return rtt
+        """What the LB of ``region`` runs, in the Serve ingress's terms: :func:`region_layer_config`."""
+        return region_layer_config(self, region)
 
     def push(self, t: float, kind: int, a=None, b=None) -> None:
         self._seq += 1
@@ -420,6 +412,8 @@ class Simulator:
                     self._on_prog_start, self._on_open_arrival, self._on_sample, lb.on_ping_reply,
                     self._on_reg_reply, lb.on_rtt_probe, lb.on_timeout, self._on_retry,
                     lb.on_steal_offer, lb.on_stolen, lb.on_steal_settle, lb.on_steal_answer)
+        if self.faults is not None:
+            handlers = self.faults.install(handlers)
         drain = cfg.drain
         last = 0.0
         progress = self.progress
@@ -537,6 +531,8 @@ class Simulator:
         rid = f"r{self._nreq}"
         region = run.program.region
         self.c["requests_sent"] += 1
+        if self.faults is not None:
+            self.faults.on_sent(self.now, region)
         out = call.output_tokens
         if not request_fits(self.profile, ntok, out, call.max_tokens):
             self.c["requests_rejected"] += 1
@@ -557,12 +553,29 @@ class Simulator:
         self._to_lb(req)
 
     def _to_lb(self, req: _Req):
-        """The client sends ``req`` to the LB of its region (else the nearest)."""
+        """The client sends ``req`` to the LB of its region (else the nearest; with faults, the one its
+        failover names, or it waits for the failover: ``FaultModel.client_lb``)."""
         region = req.region
-        lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
+        if self.faults is None:
+            lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
+        elif (lb := self.faults.client_lb(req)) is None:
+            return
         d = self.one_way(region, lb.region)
         req.path = d
+        req.entry = req.lb = lb
         self.push(self.now + d, LB_ARRIVE, lb, req)
+
+    def new_attempt(self, req: _Req) -> _Req:
+        """The same request sent again by its client after its attempt ``req`` was lost (``sim/faults.py``): a new
+        request id (``<first id>~<n>``), the same content, first-send time and program."""
+        base, _, n = req.rid.partition("~")
+        rid = f"{base}~{int(n or 0) + 1}"
+        r = req.rreq
+        rreq = RouteRequest(request_id=rid, text=r.text, session_key=r.session_key, prompt_tokens=r.prompt_tokens,
+                            region=r.region, tenant=r.tenant, driver_data=r.driver_data)
+        new = _Req(rid, req.run, req.ci, req.region, rreq, req.prompt, req.out, req.hashes, req.t_send, req.max_tokens)
+        new.kv_hashes, new.ideal_hit = req.kv_hashes, req.ideal_hit
+        return new
 
     def _on_retry(self, req: _Req, b):
         """A refused request's client sends it again (its latency still counts from the first send)."""
@@ -642,6 +655,8 @@ class Simulator:
         for ps in peer_states_from_table(table, now - lb.reg_delay, lb.region):
             if ps.region in router.peers:
                 router.update_peer(ps)
+        if self.faults is not None:  # a peer whose forward failed stays unavailable while its circuit is open
+            self.faults.open_circuits(lb)
         if self.trace is not None:
             self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)
                                                                     for r, p in router.peers.items()}})
@@ -726,11 +741,15 @@ class Simulator:
         c = dict(self.c)
         c["in_flight_at_end"] = self._inflight
         c["lb_queue_at_end"] = sum(len(lb.queue) for lb in self.lbs.values())
+        faults = self.faults.result(c) if self.faults is not None else None
         eng = {rid: r.engine.stats() for rid, r in self.replicas.items()}
         wl = self.workload
+        config = {"duration_s": self.cfg.duration_s, "seed": self.cfg.seed, "max_programs": self.cfg.max_programs,
+                  "drain": self.cfg.drain}
+        if faults is not None:
+            config["faults"] = [f.to_dict() for f in self.cfg.faults]
         return SimResult(
-            config={"duration_s": self.cfg.duration_s, "seed": self.cfg.seed, "max_programs": self.cfg.max_programs,
-                    "drain": self.cfg.drain},
+            config=config,
             deployment=self.dep.to_dict(),
             workload={"name": wl.name, "description": wl.description,
                       "kind": "closed" if wl.closed is not None else "open"},
@@ -743,7 +762,53 @@ class Simulator:
             decisions=dict(self.decisions),
             ideal=self.ideal.summary(),
             load=self.load.summary(),
+            faults=faults,
         )
+
+
+def central_rtt_fn(replicas: Dict[str, _Replica], net, lb_region: str):
+    """GORGO-proxy's network term: the RTT a request pays on its way client -> proxy -> replica.
+
+    The client->proxy leg is the same for every replica (so it does not change the argmin) but
+    it is part of what the request really pays, so the cost stays an honest TTFT estimate."""
+
+    def rtt(target, req):
+        client = req.region if req.region is not None else lb_region
+        return net.rtt_s(client, lb_region) + net.rtt_s(lb_region, replicas[target].region)
+
+    return rtt
+
+
+def region_layer_config(sim: Simulator, region: str) -> Dict[str, Any]:
+    """What the LB of ``region`` runs, in the Serve ingress's terms (``IngressConfig`` field names; None
+    where the LB has no such part, e.g. no registry without forwarding): read from the objects ``sim``
+    built -- the router's ``TwoLayerConfig``, the registry, the settings its code reads -- not from the
+    deployment's defaults. What it leaves out: :data:`SERVE_NOT_SIMULATED`."""
+    lb = sim.lbs[region]
+    st = sim.settings
+    reg = sim.registry
+    net = sim.net
+    fwd = sim._forwarding
+    regions = [region] + [p.region for p in lb.peers]
+    return {
+        "region": lb.region,
+        "peers": sorted(p.region for p in lb.peers) if fwd else [],
+        "policy": lb.policy.config.name,
+        "two_layer": lb.router.config,
+        "local_availability": "router",  # the local policy's own availability (SP-P), as GeoPrefixRouter's
+        "max_queue": st.max_queue if lb.ingress else None,
+        "max_wait_s": st.max_wait_s if lb.ingress else None,
+        "retry_after_s": st.retry_after_s if lb.ingress else None,
+        "registry.period_s": st.heartbeat_period_s if reg is not None else None,
+        "registry.config": None if reg is None else {
+            "max_regions": reg.max_regions, "max_sources_per_region": reg.max_sources, "fresh_s": reg.fresh_s,
+            "drop_after_s": reg.drop_after_s, "max_snapshot_nodes": reg.max_snapshot_nodes},
+        "rtt_probe_period_s": st.rtt_probe_period_s if fwd else None,
+        "latency.rtt_ms": {(a, b): net.rtt_ms(a, b) for a in regions for b in regions if a < b},
+        "note_forwards": st.note_forwards if fwd else None,
+        "forward_past_queue": st.forward_past_queue if lb.ingress else None,
+        "stats_period_s": sim.dep.stats_period_s,
+    }
 
 
 def simulate(workload, deployment: DeploymentSpec, config: Optional[SimConfig] = None, **kw) -> SimResult:
