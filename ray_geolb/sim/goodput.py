@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
 
 __all__ = ["DEFAULT_PROFILE", "DEFAULT_SYSTEMS", "SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment",
-           "run_lockstep", "grid_round", "parse_slos", "add_goodput_parser", "run_goodput"]
+           "run_lockstep", "timed_slo_run", "grid_round", "parse_slos", "add_goodput_parser", "run_goodput"]
 
 BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
 #: the systems ``plan`` and ``goodput`` compare by default, and the engine profile they run
@@ -217,14 +217,43 @@ class _RoundBar:
             self.tq.close()
 
 
+def timed_slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = None) -> Dict[str, Any]:
+    """:func:`slo_run` and the wall seconds it took where it ran (``{"result", "wall_s"}``): what the
+    lockstep runner ships, so each search's cost is known while its results stay a function of the run."""
+    import time
+
+    t0 = time.perf_counter()
+    res = slo_run(run, progress)
+    return {"result": res, "wall_s": time.perf_counter() - t0}
+
+
+def _account(timing: Optional[dict], batch: List[tuple], timed: List[dict]) -> None:
+    """Add one lockstep round's run seconds to ``timing``: per search (``searches``: runs, run_s) and the
+    round itself (``rounds``: runs, run_s, longest_run_s)."""
+    if timing is None or not timed:
+        return
+    per = timing.setdefault("searches", {})
+    for (name, _), t in zip(batch, timed):
+        acc = per.setdefault(name, {"runs": 0, "run_s": 0.0})
+        acc["runs"] += 1
+        acc["run_s"] += t["wall_s"]
+    walls = [t["wall_s"] for t in timed]
+    timing.setdefault("rounds", []).append({"runs": len(walls), "run_s": sum(walls), "longest_run_s": max(walls)})
+
+
 def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Optional[str] = None,
-                 progress: bool = True, desc: str = "search") -> Dict[str, Any]:
+                 progress: bool = True, desc: str = "search", timing: Optional[dict] = None) -> Dict[str, Any]:
     """Drive generator searches in rounds: each yields a list of run dicts and gets their results back
     (same order) until it returns its answer. A round's runs, from every search still going, are ONE
     batch through :func:`~ray_geolb.sim.sweep.run_many` (local or on Ray). Each search sees only its own
-    results, so the answers do not depend on the parallelism. Returns ``{name: answer}``."""
+    results, so the answers do not depend on the parallelism. Returns ``{name: answer}``. ``timing``
+    (a dict, filled in): each run's wall seconds where it ran, per search and per round
+    (:func:`_account`), and the whole call's ``wall_s``; never part of an answer."""
+    import time
+
     from .sweep import ray_session, run_many
 
+    t0 = time.perf_counter()
     answers: Dict[str, Any] = {}
     pending: Dict[str, List[dict]] = {}
     for name, g in searches.items():
@@ -237,8 +266,10 @@ def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Opt
         while pending:
             batch = [(name, r) for name, rs in pending.items() for r in rs]
             bar.round(len(batch), len(pending))
-            results = run_many([r for _, r in batch], ray=ray, address=address, progress=False, fn=slo_run,
-                               on_result=lambda i, m: bar.one())
+            timed = run_many([r for _, r in batch], ray=ray, address=address, progress=False, fn=timed_slo_run,
+                             on_result=lambda i, m: bar.one())
+            _account(timing, batch, timed)
+            results = [t["result"] for t in timed]
             nxt: Dict[str, List[dict]] = {}
             for name in pending:
                 res = [m for (n, _), m in zip(batch, results) if n == name]
@@ -248,6 +279,8 @@ def run_lockstep(searches: Dict[str, Search], *, ray: bool = False, address: Opt
                     answers[name] = e.value
             pending = nxt
     bar.close()
+    if timing is not None:
+        timing["wall_s"] = timing.get("wall_s", 0.0) + time.perf_counter() - t0
     return answers
 
 
@@ -362,8 +395,9 @@ def _goodput_search(run: dict, seeds: Sequence[int], start: float, max_doublings
 
 def goodput_many(runs: Dict[str, dict], slo: SLO, seeds: Sequence[int] = (0,), *, start: float = 1.0,
                  max_doublings: int = 8, bisect_steps: int = 4, ray: bool = False, address: Optional[str] = None,
-                 progress: bool = True) -> Dict[str, dict]:
-    """:func:`goodput` of several base runs at once (their searches in lockstep)."""
+                 progress: bool = True, timing: Optional[dict] = None) -> Dict[str, dict]:
+    """:func:`goodput` of several base runs at once (their searches in lockstep); ``timing``: as
+    :func:`run_lockstep`'s."""
     if not seeds:
         raise ValueError("seeds: at least one seed is needed")
     if not start > 0:
@@ -373,7 +407,7 @@ def goodput_many(runs: Dict[str, dict], slo: SLO, seeds: Sequence[int] = (0,), *
         run = {**run, "slo": slo.to_dict()}
         run.setdefault("label", name)
         searches[name] = _goodput_search(run, list(seeds), start, max_doublings, bisect_steps)
-    ans = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="goodput")
+    ans = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="goodput", timing=timing)
     return {name: {**a["by_slo"][0], "curve": a["curve"]} for name, a in ans.items()}
 
 
@@ -506,7 +540,7 @@ def run_goodput(args) -> int:
     import os
     import sys
 
-    from .goodput_report import format_goodput, goodput_result, plot_goodput
+    from .goodput_report import format_goodput, format_timing, goodput_result, plot_goodput, timing_summary
     from .metrics import dumps
 
     parser = getattr(args, "_goodput_parser", None) or argparse.ArgumentParser(prog="goodput")
@@ -520,10 +554,15 @@ def run_goodput(args) -> int:
                "sim": {"duration_s": args.day_s + tail, "seed": 0}, "deploy": {"profile": args.profile}}
         searches[s] = _goodput_search(run, inp["seeds"] + inp["held_out"], args.start, MAX_DOUBLINGS,
                                       args.bisect_steps, slos, at=args.at)
-    ans = run_lockstep(searches, ray=args.ray, address=args.address, progress=args.progress, desc="goodput")
+    timing: Dict[str, Any] = {}
+    ans = run_lockstep(searches, ray=args.ray, address=args.address, progress=args.progress, desc="goodput",
+                       timing=timing)
     out = goodput_result(ans, inp, args)
     text = format_goodput(out, attribute=getattr(args, "attribute", False))
     print(text)
+    out["timing"] = timing_summary(timing, {s: {"search": [s]} for s in inp["systems"]})
+    print(format_timing(out["timing"], f"goodput ({len(inp['systems'])} systems, {len(slos)} SLOs, demand "
+                                       f"{demand.source})"), file=sys.stderr)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "goodput.json"), "w") as f:

@@ -16,6 +16,10 @@
   loss on every seed, and it says so.
 * **Text** (:func:`format_goodput`) and a **plot** (:func:`plot_goodput`, ``goodput.png``: P99 TTFT and
   attainment against the multiplier, one row per SLO).
+* **What it cost** (:func:`timing_summary`, ``timing`` in ``goodput.json`` and in ``plan``'s JSON; printed on
+  stderr by :func:`format_timing`): per system the runs and the wall seconds they took where they ran,
+  summed, and an estimate of the wall time on more cores (:func:`estimate_wall_s`). Wall time varies with
+  the machine and its load: it is never part of the result.
 """
 
 from __future__ import annotations
@@ -24,7 +28,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .metrics import text_table
 
-__all__ = ["spread", "goodput_result", "compare", "verdicts", "format_goodput", "plot_goodput"]
+__all__ = ["spread", "goodput_result", "compare", "verdicts", "format_goodput", "plot_goodput", "estimate_wall_s",
+           "timing_summary", "format_timing", "ESTIMATE_CORES"]
+
+#: the worker counts every timing summary estimates the wall time for (the development machine has 2 cores)
+ESTIMATE_CORES = (2, 16)
 
 
 def spread(per_seed: Dict[int, dict], seeds: Sequence[int]) -> Dict[str, Any]:
@@ -269,3 +277,57 @@ def plot_goodput(out: Dict[str, Any], path: str) -> str:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+# ------------------------------------------------------------------------------------------------ timing
+def estimate_wall_s(rounds: Sequence[dict], cores: int) -> float:
+    """The wall time a lockstep search of these rounds (``goodput.run_lockstep``'s ``timing["rounds"]``)
+    would take on ``cores`` workers (``--ray`` / ``--address``): each round waits for its last run, so it
+    lasts at least its longest run and at least its runs' seconds spread over the cores; the estimate is
+    the sum over rounds of the larger. It ignores Ray's start-up and scheduling and assumes each run takes
+    as long there as it did where it was measured (on a loaded machine, longer than on an idle one)."""
+    return sum(max(r["longest_run_s"], r["run_s"] / cores) for r in rounds)
+
+
+def _sum_searches(per: Dict[str, dict], names: Sequence[str]) -> Dict[str, Any]:
+    got = [per[n] for n in names if n in per]
+    return {"runs": sum(g["runs"] for g in got), "run_s": sum(g["run_s"] for g in got)}
+
+
+def timing_summary(timing: Dict[str, Any], per_system: Dict[str, Dict[str, Sequence[str]]],
+                   shared: Optional[Dict[str, Sequence[str]]] = None) -> Dict[str, Any]:
+    """The JSON of what a command cost, from a ``run_lockstep`` ``timing`` dict. ``per_system``: per system,
+    named parts (``{"search": [search names], ...}``), each summed to its runs and run seconds;
+    ``shared``: the searches no single system owns (one replica's capacity, the sum-of-peaks reference)."""
+    import os
+
+    per, rounds = timing.get("searches", {}), timing.get("rounds", [])
+    return {
+        "note": "wall seconds (vary with the machine and its load; not part of the result): run_s sums each "
+                "run's own wall clock where it ran; estimate_wall_s: the sum over lockstep rounds of the longer "
+                "of the round's longest run and its run seconds / cores, Ray's overhead left out",
+        "wall_s": timing.get("wall_s"), "cores_here": os.cpu_count(), "rounds": len(rounds),
+        "runs": sum(r["runs"] for r in rounds), "run_s": sum(r["run_s"] for r in rounds),
+        "estimate_wall_s": {str(c): estimate_wall_s(rounds, c) for c in ESTIMATE_CORES},
+        "per_system": {s: {part: _sum_searches(per, names) for part, names in parts.items()}
+                       for s, parts in per_system.items()},
+        "shared": {k: _sum_searches(per, names) for k, names in (shared or {}).items()},
+    }
+
+
+def _parts(d: Dict[str, dict]) -> str:
+    return ", ".join(f"{k} {v['run_s']:.1f} s in {v['runs']} runs" for k, v in d.items())
+
+
+def format_timing(t: Dict[str, Any], head: str) -> str:
+    """Lines for stderr: ``head``, the wall time, each system's parts, the shared searches and the estimates."""
+    lines = [f"{head}: {t['wall_s']:.1f} s wall on {t['cores_here']} cores, {t['runs']} runs in {t['rounds']} "
+             f"rounds ({t['run_s']:.1f} s of runs); wall per system (its runs' own wall clock, summed):"]
+    width = max([len(s) for s in t["per_system"]] + [6])
+    lines += [f"  {s:<{width}}  {_parts(d)}" for s, d in t["per_system"].items()]
+    if t["shared"]:
+        lines.append(f"  {'shared':<{width}}  {_parts(t['shared'])}")
+    est = ", ".join(f"{c} cores about {v:.1f} s" for c, v in t["estimate_wall_s"].items())
+    lines.append(f"  estimated wall through --ray/--address: {est} (per round the longer of its longest run and "
+                 "its run seconds / cores)")
+    return "\n".join(lines)

@@ -46,6 +46,12 @@ whatever the parallelism, :func:`~ray_geolb.sim.goodput.run_lockstep`):
      inside each region (its LB is a central one, not region-local's ingress, so region-local itself
      may need more).
 
+What each plan cost is printed on stderr and kept in its JSON (``timing``): per system the runs of its own
+search and of its pooled reference and the wall seconds they took where they ran, the searches no system
+owns, the plan's wall time, and an estimate of its wall time on 2 and 16 workers through ``--ray`` /
+``--address`` (:func:`~ray_geolb.sim.goodput_report.estimate_wall_s`); an SLO sweep also prints the wall
+seconds per system per SLO. Wall time is not part of the result.
+
 Savings are against region-local (when it is among the systems). The search assumes more replicas
 never make the SLO harder to meet (tested on small cases); its answer equals an exhaustive search over
 every placement on a small instance, for every system (``tests/sim/test_planner_finds_the_fewest_gpus.py``).
@@ -63,6 +69,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from .goodput import DEFAULT_PROFILE, DEFAULT_SYSTEMS, SLO, goodput_many, parse_slos, run_lockstep, tail_s
+from .goodput_report import format_timing, timing_summary
 from .metrics import text_table
 from .sweep import add_runner_args, parse_seeds
 from .workloads.geo_diurnal import (
@@ -75,6 +82,7 @@ from .workloads.geo_diurnal import (
 )
 
 __all__ = ["DEFAULT_SYSTEMS", "placements", "plan", "add_plan_parser", "run_plan", "format_plan", "format_sweep",
+           "format_sweep_timing",
            "parse_slos", "plot_plan", "load_demand", "POOL_LBS"]
 
 DEFAULT_PLAN_DAY_S = DEFAULT_DAY_S
@@ -286,7 +294,7 @@ def _check_plan_inputs(demand: Demand, systems: Sequence[str], profile: str, see
 
 
 def _capacity(demand: Demand, profile: str, slo: SLO, seeds: Sequence[int], ray: bool, address: Optional[str],
-              progress: bool) -> tuple:
+              progress: bool, timing: Optional[dict] = None) -> tuple:
     """Step 1: one replica's SLO goodput (req/s, flat demand in the first region, the demand's arrivals and
     request mix) and the search behind it."""
     region = demand.regions[0]
@@ -294,7 +302,7 @@ def _capacity(demand: Demand, profile: str, slo: SLO, seeds: Sequence[int], ray:
     cap_run = _base_run("capacity/1-replica", "region-local", {region: 1}, flat, CAPACITY_DAY_S, 1.0, profile, slo)
     cap_run.pop("hour_s")
     g = goodput_many({"capacity": cap_run}, slo, seeds, start=4.0, max_doublings=10, bisect_steps=4, ray=ray,
-                     address=address, progress=progress)["capacity"]
+                     address=address, progress=progress, timing=timing)["capacity"]
     return g["min"], g
 
 
@@ -387,8 +395,9 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     regions = demand.regions
     scaled = demand.scaled(multiplier)
     t0 = time.perf_counter()
+    timing: Dict[str, Any] = {}  # what each search cost (goodput.run_lockstep), never part of the result
     if capacity is None:  # 1. one replica's capacity (req/s at the SLO, flat demand, first region)
-        c1, cap_detail = _capacity(demand, profile, slo, seeds, ray, address, progress)
+        c1, cap_detail = _capacity(demand, profile, slo, seeds, ray, address, progress, timing)
     else:
         c1, cap_detail = float(capacity), {"given": True}
     if not c1 > 0:
@@ -405,7 +414,7 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
     searches = {s: _greedy(s, scaled, start, seeds, max_replicas, mk_system) for s in systems}
     if references:
         searches.update(_reference_searches(scaled, c1, systems, pool_lbs, seeds, max_replicas, run_of))
-    answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan")
+    answers = run_lockstep(searches, ray=ray, address=address, progress=progress, desc="plan", timing=timing)
     rows = _system_rows(systems, answers, prices, c1)
     out: Dict[str, Any] = {
         "demand": {"source": demand.source, "regions": regions, "rates_rps_by_utc_hour": scaled.to_kw(),
@@ -423,7 +432,17 @@ def plan(demand: Demand, slo: SLO, *, systems: Sequence[str] = tuple(DEFAULT_SYS
             row["pooled_reference_gpus"] = out["references"]["pooled"][row["system"]]
     out["wall_s_note"] = "not part of the result (wall time varies)"
     out["_wall_s"] = time.perf_counter() - t0
+    out["_timing"] = _plan_timing(timing, systems, list(searches), references)
     return out
+
+
+def _plan_timing(timing: dict, systems: Sequence[str], names: Sequence[str], references: bool) -> Dict[str, Any]:
+    """What the plan cost per system -- its own search and its pooled reference's -- and in the searches no
+    system owns (:func:`~ray_geolb.sim.goodput_report.timing_summary`)."""
+    per = {s: {"search": [s], **({"pooled ref": [f"ref:pooled:{s}"]} if references else {})} for s in systems}
+    shared = {"capacity": ["capacity"], "sum of regional peaks": [n for n in names if n.startswith("ref:peak:")]}
+    return timing_summary(timing, per, {k: v for k, v in shared.items() if any(n in timing.get("searches", {})
+                                                                             for n in v)})
 
 
 def _ref_cell(n: Optional[int], max_replicas: int) -> str:
@@ -583,6 +602,17 @@ def format_sweep(plans: List[Dict[str, Any]]) -> str:
     return text_table([["system"] + slos, *rows])
 
 
+def format_sweep_timing(plans: List[Dict[str, Any]]) -> str:
+    """Wall seconds per system (rows) per SLO (columns) of an SLO sweep: the system's own search and its
+    pooled reference, summed over their runs (``timing`` in each plan's JSON); the last row each plan's
+    whole wall time, the shared searches included."""
+    rows = []
+    for s in [r["system"] for r in plans[0]["systems"]]:
+        rows.append([s] + [f"{sum(v['run_s'] for v in p['timing']['per_system'][s].values()):.1f}" for p in plans])
+    rows.append(["whole plan"] + [f"{p['timing']['wall_s']:.1f}" for p in plans])
+    return text_table([["system"] + [p["slo_text"] for p in plans], *rows])
+
+
 def run_plan(args) -> int:
     parser = getattr(args, "_plan_parser", None) or argparse.ArgumentParser(prog="plan")
     slos = parse_slos(parser, args.ttft_slo)
@@ -614,12 +644,13 @@ def run_plan(args) -> int:
             flag = {"profile": "--profile", "systems": "--systems", "prices": "--price", "seeds": "--seeds",
                     "max_replicas": "--max-replicas", "demand": "--demand", "pool_lbs": "--pool-lbs"}.get(field)
             parser.error(f"{flag}: {e}" if flag else str(e))
-        wall = p.pop("_wall_s")
+        p.pop("_wall_s")
         p.pop("wall_s_note", None)
+        p["timing"] = p.pop("_timing")  # in the JSON, not in the table (it varies from run to run)
         text = format_plan(p)
         print(text if len(slos) == 1 else f"== {p['slo_text']} ==\n{text}\n")
-        print(f"\nplan at {p['slo_text']}: {wall:.1f} s wall ({len(systems)} systems, demand {demand.source})",
-              file=sys.stderr)
+        print("\n" + format_timing(p["timing"], f"plan at {p['slo_text']} ({len(systems)} systems, demand "
+                                                f"{demand.source}, seeds {args.seeds})"), file=sys.stderr)
         _write_plan(args.out, p, text, "" if len(slos) == 1 else f"_slo{ttft:g}")
         plans.append(p)
     if len(plans) > 1:
@@ -627,6 +658,8 @@ def run_plan(args) -> int:
         print(f"GPUs per system per SLO ({demand.source}; seeds {','.join(map(str, seeds))}"
               f"{'; in brackets each system alone on one zero-RTT pool, a reference' if args.references else ''})"
               f":\n{sweep}")
+        print(f"\nwall seconds per system per SLO ({demand.source}; each system's runs, summed):\n"
+              f"{format_sweep_timing(plans)}", file=sys.stderr)
         if args.out:
             from .metrics import dumps
 

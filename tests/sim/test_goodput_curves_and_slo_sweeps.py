@@ -145,3 +145,12 @@ def test_a_demand_with_its_own_arrivals_and_mix_keeps_them_in_plan_and_goodput(t
                  "us=1,eu=1,asia=1", "--systems", "region-local", "--start", "4", "--bisect-steps", "0",
                  "--no-progress", "--out", str(out)]) == 0
     assert json.loads((out / "goodput.json").read_text())["demand"]["workload"] == d.workload
+
+
+def test_the_wall_estimate_waits_for_each_rounds_longest_run():
+    from ray_geolb.sim.goodput_report import estimate_wall_s
+
+    rounds = [{"runs": 4, "run_s": 8.0, "longest_run_s": 2.0}, {"runs": 1, "run_s": 5.0, "longest_run_s": 5.0}]
+    assert estimate_wall_s(rounds, 1) == 13.0  # one core: every run in turn
+    assert estimate_wall_s(rounds, 2) == 4.0 + 5.0  # the second round is one run: more cores do not help it
+    assert estimate_wall_s(rounds, 16) == 2.0 + 5.0

@@ -233,6 +233,7 @@ def test_plan_on_ray_is_byte_identical_to_the_local_run(local_ray):
     on_ray = _small_plan(seeds=[0, 1], ray=True)  # the running local cluster
     for p in (local, on_ray):
         p.pop("_wall_s")
+        p.pop("_timing")  # wall seconds: what the plan cost, not its result
     assert dumps(on_ray) == dumps(local)
 
 
@@ -243,10 +244,15 @@ def test_goodput_cli_prints_the_spread_and_writes_json(tmp_path, capsys):
     rc = main(["goodput", "--mean-rps", "8", "--day-s", "12", "--regions", "us=1,eu=1,asia=1", "--systems",
                "region-local", "--seeds", "0", "--bisect-steps", "1", "--no-progress", "--out", str(out)])
     assert rc == 0
-    assert "x3600" not in capsys.readouterr().out  # 12 s day: x7200
+    captured = capsys.readouterr()
+    assert "x3600" not in captured.out  # 12 s day: x7200
     data = json.loads((out / "goodput.json").read_text())
     g = data["systems"]["region-local"]["goodput"]
     assert g["min"] == g["max"] > 0 and data["compression"]["factor"] == 7200.0
+    # what the search cost per system is printed and kept (its value varies with the machine)
+    cost = data["timing"]["per_system"]["region-local"]["search"]
+    assert cost["runs"] > 0 and "run_s" in cost and set(data["timing"]["estimate_wall_s"]) == {"2", "16"}
+    assert "wall per system" in captured.err
 
 
 @pytest.mark.parametrize("argv, flag", [

@@ -13,14 +13,19 @@ def test_an_slo_sweep_writes_one_plan_per_slo_and_the_table(tmp_path, capsys):
     rc = main(["plan", "--mean-rps", "8", "--day-s", "24", "--capacity", "20", "--systems", "geoprefix,region-local",
                "--no-bounds", "--no-progress", "--ttft-slo", "0.5,1", "--max-replicas", "6", "--out", str(out)])
     assert rc == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "GPUs per system per SLO" in printed
+    assert "wall seconds per system per SLO" in captured.err  # what each cell cost, printed
     table = (out / "sweep.txt").read_text().splitlines()
     assert "P99 TTFT <= 0.5 s" in table[0] and "P99 TTFT <= 1 s" in table[0]
     sweep = json.loads((out / "sweep.json").read_text())
     assert [p["slo"]["ttft_s"] for p in sweep["plans"]] == [0.5, 1.0]
     for p, slo in zip(sweep["plans"], ("0.5", "1")):
         assert (out / f"plan_slo{slo}.json").exists()
+        # each system's wall time at this SLO and demand is kept beside the plan (its value is not checked)
+        assert p["demand"]["source"] and set(p["timing"]["per_system"]) == {"geoprefix", "region-local"}
+        assert all(part["runs"] > 0 and "run_s" in part for part in p["timing"]["per_system"]["geoprefix"].values())
         for row in p["systems"]:
             line = next(x for x in table if x.startswith(row["system"]))
             # every cell is the plan's GPU count, or says no count up to --max-replicas met the SLO
