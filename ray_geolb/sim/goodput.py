@@ -41,8 +41,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence
 
-__all__ = ["DEFAULT_PROFILE", "DEFAULT_SYSTEMS", "SLO", "slo_run", "tail_s", "goodput", "goodput_many", "attainment",
-           "run_lockstep", "timed_slo_run", "grid_round", "parse_slos", "add_goodput_parser", "run_goodput"]
+__all__ = ["DEFAULT_PROFILE", "DEFAULT_SYSTEMS", "SLO", "simulate_run", "slo_run", "tail_s", "goodput", "goodput_many",
+           "attainment", "run_lockstep", "timed_slo_run", "grid_round", "parse_slos", "add_goodput_parser",
+           "run_goodput"]
 
 BIG = 1e9  # a miss's TTFT / TPOT in the percentile (reported as None = infinite)
 #: the systems ``plan`` and ``goodput`` compare by default, and the engine profile they run
@@ -100,7 +101,7 @@ def _stats(rows: List[tuple], missed: int, slo: SLO) -> Dict[str, Any]:
             "attainment": ok / n if n else None, "meets": bool(meets)}
 
 
-def _simulate(run: Dict[str, Any], progress) -> tuple:
+def simulate_run(run: Dict[str, Any], progress=None) -> tuple:
     """Simulate one run dict (RunSpec + ``"slo"`` or ``"slos"``, optional ``"hour_s"``): (spec, slos, hour_s,
     workload, result). The SLOs do not enter the simulation (the cut-off is the run's ``duration_s``)."""
     from .deploy import deployment_for
@@ -166,7 +167,7 @@ def slo_run(run: Dict[str, Any], progress: Optional[Callable[[float], None]] = N
     """One run (a RunSpec dict + ``"slo"``) -> SLO figures (module docstring). Pure: a function of ``run``.
     With ``"slos"`` (a list of ``SLO.to_dict()``) instead: ONE simulation judged at each SLO,
     ``{"by_slo": [figures at each SLO, in order], "seed", "multiplier", "label"}``."""
-    spec, slos, hours_of, wl, res = _simulate(run, progress)
+    spec, slos, hours_of, wl, res = simulate_run(run, progress)
     tl = _tally(spec, wl, res, hours_of)
     judged = [_judge(spec, res, tl, slo) for slo in slos]
     if "slos" not in run:

@@ -71,6 +71,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from .goodput import DEFAULT_PROFILE, DEFAULT_SYSTEMS, SLO, goodput_many, parse_slos, run_lockstep, tail_s
 from .goodput_report import format_timing, timing_summary
 from .metrics import text_table
+from .survive import add_survive_args, check_survive_args, format_survival, survive_plan
 from .sweep import add_runner_args, parse_seeds
 from .workloads.geo_diurnal import (
     BUILTIN_DEMANDS,
@@ -559,6 +560,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     sp.add_argument("--pool-lbs", default=",".join(POOL_LBS),
                     help="central LBs the sum-of-regional-peaks reference tries, the fewer replicas counts "
                          f"(default {','.join(POOL_LBS)})")
+    add_survive_args(sp)
     sp.add_argument("--out", default=None, help="output directory (plan.json, plan.txt, plan.png)")
     add_runner_args(sp)
     sp.set_defaults(func=run_plan, _plan_parser=sp)
@@ -630,6 +632,7 @@ def run_plan(args) -> int:
     except ValueError as e:
         parser.error(f"--demand: {e}")
     seeds = parse_seeds(parser, args.seeds)
+    check_survive_args(parser, args)
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     prices = _parse_prices(parser, args.price)
     plans = []
@@ -648,6 +651,8 @@ def run_plan(args) -> int:
         p.pop("wall_s_note", None)
         p["timing"] = p.pop("_timing")  # in the JSON, not in the table (it varies from run to run)
         text = format_plan(p)
+        if args.survive_region_loss:
+            text += "\n\n" + _survival(p, demand, SLO(ttft, args.tpot_slo), seeds, args)
         print(text if len(slos) == 1 else f"== {p['slo_text']} ==\n{text}\n")
         print("\n" + format_timing(p["timing"], f"plan at {p['slo_text']} ({len(systems)} systems, demand "
                                                 f"{demand.source}, seeds {args.seeds})"), file=sys.stderr)
@@ -668,6 +673,16 @@ def run_plan(args) -> int:
             with open(os.path.join(args.out, "sweep.json"), "w") as f:
                 f.write(dumps({"slos": [p["slo"] for p in plans], "plans": plans}))
     return 0
+
+
+def _survival(p: Dict[str, Any], demand: Demand, slo: SLO, seeds: Sequence[int], args) -> str:
+    """``--survive-region-loss``: each met system's placement grown until it survives any one region's loss
+    (``survive.py``); kept in the plan's JSON as ``survive_region_loss``."""
+    def base_run_of(system: str, reps: Dict[str, int]) -> dict:
+        return _base_run(f"survive/{system}", system, reps, demand, args.day_s, args.rate_scale, args.profile, slo)
+
+    p["survive_region_loss"] = survive_plan(p, base_run_of, slo, seeds, args)
+    return format_survival(p, p["survive_region_loss"])
 
 
 def _write_plan(out: Optional[str], p: Dict[str, Any], text: str, suffix: str) -> None:
