@@ -20,8 +20,10 @@ Off unless ``two_layer.steal.enabled`` (``TwoLayerConfig.steal``; a region app t
   lives (``Thief.take``) and serves it as a forwarded request, or refuses before doing any work (409
   ``steal_refused``). Refused, answered 429 (nothing served) or unreachable (nothing reached it): the
   victim puts it back in its queue at its old place (``Victim.settle`` -> ``admit(place=)``). Anything
-  else -- served, a typed error from a thief that started, a timeout, the client leaving -- settles it as
-  taken: never put back, so never served twice.
+  else -- served, a typed error from a thief that started, a timeout, a thief that died after the call was
+  made (502 ``handover_lost``, ``forward.py``), the client leaving -- settles it as taken: never put back,
+  so never served twice. A thief that took it and then answered 429 counts it ``sent_back``, as the victim
+  counts it ``returned``.
 
 A mixin of :class:`~.request_path.RequestPath`; it reads ``cfg``, ``region``, ``router``, ``local``,
 ``admission``, ``peers``, ``metrics`` and calls ``_forward`` and ``forwarded``.
