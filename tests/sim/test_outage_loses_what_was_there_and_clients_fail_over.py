@@ -6,6 +6,7 @@ is stale, and every request still ends exactly once."""
 from __future__ import annotations
 
 import pytest
+from sim_recording import run_recording
 
 from ray_geolb.percentile import percentile
 from ray_geolb.sim.deploy import deployment_for
@@ -26,15 +27,7 @@ def _sim(system, region="eu", seed=0, drain=False, faults=None, trace=None):
         if faults is None else faults
     sim = Simulator(wl, deployment_for(system, REPS, profile="llama3.1-8b-h100"),
                     SimConfig(duration_s=35.0, seed=seed, drain=drain, faults=faults), trace=trace)
-    done = []
-    orig = sim._on_client_done
-
-    def record(req, b):
-        done.append(req)
-        orig(req, b)
-
-    sim._on_client_done = record
-    return sim, sim.run(), done
+    return run_recording(sim)
 
 
 def _touches(req, region):

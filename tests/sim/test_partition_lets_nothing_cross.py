@@ -6,6 +6,7 @@ crossed when the cut began is lost and sent again."""
 from __future__ import annotations
 
 import pytest
+from sim_recording import run_recording
 
 from ray_geolb.sim.deploy import deployment_for
 from ray_geolb.sim.simulator import SimConfig, Simulator
@@ -23,15 +24,7 @@ def _sim(system, region, trace=None, **dep):
     faults = [{"kind": "partition", "region": region, "start_s": S, "duration_s": DUR, "detect_s": DETECT}]
     sim = Simulator(wl, deployment_for(system, REPS, profile="llama3.1-8b-h100", **dep),
                     SimConfig(duration_s=35.0, seed=0, drain=True, faults=faults), trace=trace)
-    done = []
-    orig = sim._on_client_done
-
-    def record(req, b):
-        done.append(req)
-        orig(req, b)
-
-    sim._on_client_done = record
-    return sim, sim.run(), done
+    return run_recording(sim)
 
 
 def _crosses(req, region):
