@@ -81,3 +81,23 @@ def deploy_config(cfg: dict, timeout: float = 240.0) -> None:
         assert not failed, failed
         assert time.time() < deadline, states
         time.sleep(1.0)
+
+
+def deploy_holder_and_thief(regions, admin_token: str, plain=()):
+    """Region apps for the work-stealing drills, deployed: ``us`` never sees a fresh peer (so it never
+    forwards: it holds what it cannot serve), ``eu`` steals (both with ``two_layer.steal.enabled``), and each
+    region in ``plain`` runs the default region layer. One emulated replica per region entry of
+    ``regions``, ``max_num_seqs`` 2, 16 output tokens at ``time_scale`` 1."""
+    from ray_geolb.serve.app import build_region_apps, deploy_region_apps
+
+    common = dict(latency={"scale": 0.1}, time_scale=1.0, output_tokens=16,
+                  engine_overrides={"max_num_seqs": 2}, stats_period_s=0.2)
+    ingress = {"max_queue": 256, "max_wait_s": 40.0, "admin_token": admin_token}
+    steal = {"enabled": True}
+    layers = {"us": {"peer_stale_s": 1e-6, "steal": steal}, "eu": {"steal": steal}}
+    apps = []
+    for region in ["us", "eu", *plain]:
+        tl = layers.get(region)
+        built = build_region_apps(regions, ingress={**ingress, "two_layer": tl} if tl else ingress, **common)
+        apps += [a for a in built if a.region == region]
+    deploy_region_apps(apps)

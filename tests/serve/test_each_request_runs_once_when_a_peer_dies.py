@@ -27,9 +27,8 @@ httpx = pytest.importorskip("httpx")
 
 from fakes import ingress_state, response_kind, wait_until  # noqa: E402
 from ray import serve  # noqa: E402
-from region_cluster import region_cluster  # noqa: E402
+from region_cluster import deploy_holder_and_thief, region_cluster  # noqa: E402
 
-from ray_geolb.serve.app import build_region_apps, deploy_region_apps  # noqa: E402
 from ray_geolb.serve.ingress import ADMIN_TOKEN_HEADER, INGRESS_DEPLOYMENT  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(400)]
@@ -49,16 +48,7 @@ OWNED = ("ingress_queue", "ingress_queue_tokens", "local_unrouted", "router_pend
 @pytest.fixture(scope="module")
 def geo():
     with region_cluster(REGIONS, "geolb_once_", "geolb_test_once") as (base, _port):
-        common = dict(latency={"scale": 0.1}, time_scale=1.0, output_tokens=16,
-                      engine_overrides={"max_num_seqs": 2}, stats_period_s=0.2)
-        ingress = {"max_queue": 256, "max_wait_s": 40.0, "admin_token": TOKEN}
-        steal = {"enabled": True}
-        holds = build_region_apps(REGIONS, ingress={**ingress, "two_layer": {"peer_stale_s": 1e-6, "steal": steal}},
-                                  **common)
-        thief = build_region_apps(REGIONS, ingress={**ingress, "two_layer": {"steal": steal}}, **common)
-        plain = build_region_apps(REGIONS, ingress=ingress, **common)
-        deploy_region_apps([a for a in holds if a.region == "us"] + [a for a in thief if a.region == "eu"]
-                           + [a for a in plain if a.region == "asia"])
+        deploy_holder_and_thief(REGIONS, TOKEN, plain=["asia"])
         with httpx.Client(timeout=30, headers=ADMIN) as c:
             for r in REGIONS:  # each region's router exists once a request went through
                 assert c.post(f"{base}/{r}/v1/completions", json={"prompt": "warm", "max_tokens": 1}).status_code == 200
