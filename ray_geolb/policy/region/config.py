@@ -188,6 +188,11 @@ class TwoLayerConfig(_Strict):
     steal: StealConfig = Field(StealConfig(), description="cross-region work stealing (region/steal.py)")
     tenant_regions: Dict[str, FrozenSet[str]] = Field(default_factory=dict,
                                                       description="tenant -> regions its requests may be served in")
+    ttft_slo_s: Optional[float] = Field(
+        None, gt=0.0, allow_inf_nan=False,
+        description="the P99 TTFT (s) this region is run to. With remote='cost' and forward_before_saturation, "
+                    "a request whose calibrated local TTFT meets it stays here before any forward is priced "
+                    "(region/slo_guard.py). None: off")
 
     @field_validator("tenant_regions")
     @classmethod

@@ -20,6 +20,7 @@ from ..ttft_model import TtftModel
 from .config import CostSelectorConfig
 from .estimators import DrainRate, RttTable
 from .peer_selector import PeerSelector, Selection
+from .slo_guard import SloGuard
 
 __all__ = ["CostSelector"]
 
@@ -32,7 +33,8 @@ class CostSelector(PeerSelector):
     router's RTT table when the router built it (read through ``router.measured_rtt``; the router
     alone feeds and forgets it), None for a stand-alone selector."""
 
-    def __init__(self, config: Optional[CostSelectorConfig] = None, rtt: Optional[RttTable] = None):
+    def __init__(self, config: Optional[CostSelectorConfig] = None, rtt: Optional[RttTable] = None,
+                 ttft_slo_s: Optional[float] = None):
         if isinstance(config, dict):
             config = CostSelectorConfig.model_validate(config)
         self.config = config or CostSelectorConfig()
@@ -43,9 +45,13 @@ class CostSelector(PeerSelector):
         self.last_costs: Dict[Optional[str], float] = {}
         self.last_rtts: Dict[str, float] = {}  # the RTTs the last peer comparison used
         self.last_slot_wait_s = 0.0  # the slot-wait term (before q̂) of the last stay cost
+        self.last_own_stay_s = 0.0  # the last stay's own TTFT part: queue ahead per replica + residual prefill
         self._engaged: set = set()  # peers forwarded to before saturation (forward_before_saturation's hysteresis)
         self.presaturation_forwards = 0
         self.last_home: Optional[str] = None  # the home peer of the last priced request (home_key_chars)
+        #: the TTFT-SLO guard on forwards before saturation (``TwoLayerConfig.ttft_slo_s``), None: off
+        self.slo_guard: Optional[SloGuard] = (SloGuard(ttft_slo_s) if ttft_slo_s is not None
+                                              and self.config.forward_before_saturation else None)
 
     # ------------------------------------------------------------ inputs
     def on_forward(self, req, region: str, now: float) -> None:
@@ -137,6 +143,7 @@ class CostSelector(PeerSelector):
         tp = self.local_t_p(router)
         wait = tp * self.local_queue_tokens(router, req) / n
         residual = tp * max(0.0, req.prompt_tokens - hit)
+        self.last_own_stay_s = wait + residual  # this request's own TTFT part (the SLO guard's estimate)
         c = cfg.w_prefill * residual + cfg.q_hat * wait
         if cfg.w_shared and shared:
             c += cfg.w_shared * residual * self._inflight(router) / n
@@ -330,6 +337,20 @@ class CostSelector(PeerSelector):
         costs, raw, hits = self.peer_costs(router, req, peers, now, hit)
         return stay, costs, raw, hits
 
+    def own_stay_s(self, router, req, now: float) -> float:
+        """This request's own expected TTFT if it stays while a local replica is available (what the SLO
+        guard scales): the queue ahead per replica plus its residual prefill, at the region's ``t_p``;
+        no in-flight term (that prices other requests' slowdown, not this one's TTFT)."""
+        self._stay_cost(router, req, now, False, self.local_hit(router, req, now))
+        return self.last_own_stay_s
+
+    def peer_own_s(self, router, req, region: str, hits: dict, now: float) -> float:
+        """The request's own expected TTFT at ``region`` after arriving there (no RTT): its queue per replica
+        plus the residual prefill at its match, at the peer's ``t_p``; no in-flight term."""
+        tp = self.peer_t_p(router, region)
+        hit = 0.0 if region == self.last_home else hits.get(region, 0.0)  # a home peer is priced as holding it: it does not
+        return tp * max(0.0, req.prompt_tokens - hit) + self.remote_wait(router, req, region, now)
+
     def select_before_saturation(self, router, req, peers: List[str], now: float) -> Selection:
         """A local replica is available (``forward_before_saturation``): forward only when the best peer's
         expected TTFT is below staying's by the margin. Staying prices the local expected TTFT (queued tokens
@@ -337,11 +358,15 @@ class CostSelector(PeerSelector):
         a peer its RTT plus its expected TTFT (its queue, the forwards since its heartbeat, its match).
         Hysteresis (a Schmitt trigger per peer): a peer is engaged when the saving exceeds
         ``forward_margin_s`` and released when it falls below ``forward_hysteresis`` × the margin, so a
-        region does not flip between forwarding and staying on every request. Ties stay local."""
+        region does not flip between forwarding and staying on every request. Ties stay local. With the
+        TTFT-SLO guard (``ttft_slo_s``), a forward so chosen is not made when staying is expected to meet the
+        SLO and the forward to miss it (``region/slo_guard.py``); every stay here is noted for its calibration."""
         cfg = self.config
         stay, costs, raw, hits = self.costs_before_saturation(router, req, peers, now)
         if stay is None:  # staying is not allowed (residency): the saturated path decides
             return None, 0, "local_available"
+        guard = self.slo_guard
+        own = self.last_own_stay_s if guard is not None else None  # priced by costs_before_saturation
         best = min(costs, key=lambda r: (costs[r], self.rtt_of(router, r), r))
         saving = stay - costs[best]
         engaged = self._engaged
@@ -351,9 +376,15 @@ class CostSelector(PeerSelector):
         self.last_costs = dict(costs)
         self.last_costs[None] = stay
         if saving > 0 and (saving > cfg.forward_margin_s or best in engaged or best == self.last_home):
+            if own is not None and guard.meets(own) and not guard.meets_after(
+                    self.peer_own_s(router, req, best, hits, now), self.rtt_of(router, best)):
+                guard.note_stay(req.request_id, own)  # staying meets the SLO, the forward would miss it
+                return None, 0, "slo_kept_local"
             engaged.add(best)
             self.presaturation_forwards += 1
             return best, raw.get(best, 0) if best in hits else 0, "cost_before_saturation"
+        if own is not None:
+            guard.note_stay(req.request_id, own)
         return None, 0, "local_available"
 
     def heartbeat_extra(self, router, queued_tokens: Optional[float]) -> dict:

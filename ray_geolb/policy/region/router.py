@@ -54,7 +54,7 @@ PEER_SELECTORS: Dict[str, Callable[[TwoLayerConfig, RttTable], PeerSelector]] = 
     "prefix": lambda config, rtt: PrefixSelector(),
     "ring": lambda config, rtt: RingSelector(),
     "nearest": lambda config, rtt: NearestSelector(),
-    "cost": lambda config, rtt: CostSelector(config.cost, rtt=rtt),
+    "cost": lambda config, rtt: CostSelector(config.cost, rtt=rtt, ttft_slo_s=config.ttft_slo_s),
 }
 
 
@@ -317,6 +317,13 @@ class RegionRouter:
         returns. O(1) amortised, memory-bounded; a no-op without the 'cost' selector."""
         if self.selector is not None:
             self.selector.on_local_complete(now)
+
+    def observe_local_ttft(self, request_id: str, ttft_s: float) -> None:
+        """A request this LB kept here reached its first token ``ttft_s`` after its dispatch, as this LB
+        saw it: calibrates the TTFT-SLO guard (``region/slo_guard.py``). The simulator calls it from its
+        LB, the Serve ingress at a local stream's first token. A no-op without a guard."""
+        if self.selector is not None and self.selector.slo_guard is not None:
+            self.selector.slo_guard.observe(request_id, ttft_s)
 
     def on_forward(self, req: RouteRequest, region: str, now: float) -> None:
         """Record a forward in the regional snapshot (SkyLB §4.1)."""
