@@ -251,6 +251,13 @@ class RegionLB:
             self.pump()
 
     # ------------------------------------------------------------------ what the LB hears
+    def on_first_token(self, req) -> None:
+        """A request this LB dispatched produced its first token (now, at the engine): its TTFT since
+        dispatch as this LB sees it (one replica->LB delay later) calibrates the region layer's TTFT-SLO
+        guard, as a stream's first token does at the Serve ingress."""
+        sim = self.sim
+        self.router.observe_local_ttft(req.rid, sim.now + sim.one_way(req.replica.region, self.region) - req.t_disp)
+
     def on_done(self, req) -> None:
         """A request this LB dispatched completed (seen one replica->LB delay after the engine finished)."""
         sim = self.sim

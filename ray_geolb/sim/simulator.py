@@ -705,6 +705,7 @@ class Simulator:
             req = reqs[rid]
             req.t_first = now
             ideal.count(req.prompt, req.ideal_hit)
+            req.serve_lb.on_first_token(req)  # the TTFT-SLO guard's calibration
         for tm in out.timings:
             req = reqs[tm.request_id]
             req.eng_uncached = tm.uncached_tokens

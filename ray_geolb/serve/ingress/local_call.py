@@ -8,7 +8,8 @@ once on whichever replica the router picks (:data:`LOCAL_ATTEMPTS`, within the d
 budget); after the first token a failure ends the stream with an error event instead.
 
 A mixin of :class:`~.request_path.RequestPath`; it reads ``cfg``, ``region``, ``local``, ``llm``,
-``retries``, ``counts``, ``served_ids``, ``crashes`` and calls ``local_done``, ``_deadline_exceeded`` and
+``retries``, ``counts``, ``served_ids``, ``crashes``, ``router`` (a stream's first token calibrates the
+region layer's TTFT-SLO guard) and calls ``local_done``, ``_deadline_exceeded`` and
 ``_model_error``.
 """
 
@@ -126,7 +127,9 @@ class LocalCalls:
             err = error_in(first, self.region)  # the server refused it (an ErrorResponse first)
             if err is not None:
                 raise err
-            self.estimates.served("stream", policy_now() - t0)
+            ttft = policy_now() - t0
+            self.estimates.served("stream", ttft)
+            self.router.observe_local_ttft(ctx.request_id, ttft)  # the TTFT-SLO guard's calibration
         except BaseException:  # CancelledError too: the client left before the first token
             cancel_quietly(gen)
             slot.release()
