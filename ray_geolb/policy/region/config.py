@@ -191,7 +191,8 @@ class TwoLayerConfig(_Strict):
     ttft_slo_s: Optional[float] = Field(
         None, gt=0.0, allow_inf_nan=False,
         description="the P99 TTFT (s) this region is run to. With remote='cost' and forward_before_saturation, "
-                    "a request whose calibrated local TTFT meets it stays here before any forward is priced "
+                    "a forward the cost rule chooses before saturation is not made when staying is expected to "
+                    "meet it and the forward to miss it, both calibrated on this LB's stays "
                     "(region/slo_guard.py). None: off")
 
     @field_validator("tenant_regions")

@@ -348,7 +348,7 @@ class CostSelector(PeerSelector):
         """The request's own expected TTFT at ``region`` after arriving there (no RTT): its queue per replica
         plus the residual prefill at its match, at the peer's ``t_p``; no in-flight term."""
         tp = self.peer_t_p(router, region)
-        hit = 0.0 if region == self.last_home else hits.get(region, 0.0)  # a home peer is priced as holding it: it does not
+        hit = 0.0 if region == self.last_home else hits.get(region, 0.0)  # a home is priced as holding it, yet does not
         return tp * max(0.0, req.prompt_tokens - hit) + self.remote_wait(router, req, region, now)
 
     def select_before_saturation(self, router, req, peers: List[str], now: float) -> Selection:
@@ -379,6 +379,7 @@ class CostSelector(PeerSelector):
             if own is not None and guard.meets(own) and not guard.meets_after(
                     self.peer_own_s(router, req, best, hits, now), self.rtt_of(router, best)):
                 guard.note_stay(req.request_id, own)  # staying meets the SLO, the forward would miss it
+                guard.kept += 1
                 return None, 0, "slo_kept_local"
             engaged.add(best)
             self.presaturation_forwards += 1

@@ -81,6 +81,7 @@ class SloGuard:
         self._fresh = [0] * BINS
         #: per bin, its QUANTILE of realized TTFT (None: fewer than MIN_SAMPLES samples)
         self.tail: List[Optional[float]] = [None] * BINS
+        self.kept = 0  # forwards the cost rule chose that the guard kept here (the selector counts them)
 
     def predict(self, estimate_s: float) -> Optional[float]:
         """The expected ``QUANTILE`` of realized TTFT of a stay with this own-TTFT estimate: its bin's tail;

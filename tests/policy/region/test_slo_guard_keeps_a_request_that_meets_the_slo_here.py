@@ -103,7 +103,7 @@ def test_the_guard_keeps_a_request_here_only_when_its_forward_would_miss_and_sta
         guard.note_stay(f"s{i}", own)
         on.observe_local_ttft(f"s{i}", 0.05)
     d = _decide_with_far_peer(on, 1, 0.48, 2.0)
-    assert d.kind == "local"  # 0.48 s of RTT + the peer's prefill misses 0.5 s; staying meets it
+    assert d.kind == "local" and guard.kept == 1  # 0.48 s of RTT + the peer's prefill misses 0.5 s; staying meets it
     assert "r1" in guard._pending  # its first token will calibrate the guard in turn
     on.observe_local_ttft("r1", 0.06)
     assert "r1" not in guard._pending
