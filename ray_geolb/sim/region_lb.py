@@ -256,7 +256,8 @@ class RegionLB:
         dispatch as this LB sees it (one replica->LB delay later) calibrates the region layer's TTFT-SLO
         guard, as a stream's first token does at the Serve ingress."""
         sim = self.sim
-        self.router.observe_local_ttft(req.rid, sim.now + sim.one_way(req.replica.region, self.region) - req.t_disp)
+        t = sim.now + sim.one_way(req.replica.region, self.region)
+        self.router.observe_local_ttft(req.rid, t - req.t_disp, req.t_disp - req.t_lb)
 
     def on_done(self, req) -> None:
         """A request this LB dispatched completed (seen one replica->LB delay after the engine finished)."""

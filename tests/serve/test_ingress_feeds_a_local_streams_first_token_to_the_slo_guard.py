@@ -1,6 +1,6 @@
 """The Serve ingress calibrates the region layer's TTFT-SLO guard (``two_layer.ttft_slo_s``) as the simulator
 does: a local stream's first token is reported to ``RegionRouter.observe_local_ttft`` under the request's
-id. No cluster: a ``RequestPath`` with its model call replaced by a stream that answers at once."""
+id, with the time it waited at the ingress. No cluster: a ``RequestPath`` with its model call replaced by a stream that answers at once."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def test_a_local_streams_first_token_calibrates_the_guard_under_its_request_id()
     window = guard._realized[G._bin(0.2)]
     assert len(window) == 1 and 0.05 <= window[0] < 5.0  # dispatch to first token, on the router's clock
     assert "s1" not in guard._pending
+    assert len(guard._region) == 1 and guard._region[0] >= window[0]  # since arrival: its wait here included
 
 
 def test_without_the_slo_there_is_no_guard_and_a_bad_slo_is_named():

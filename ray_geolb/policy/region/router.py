@@ -318,12 +318,14 @@ class RegionRouter:
         if self.selector is not None:
             self.selector.on_local_complete(now)
 
-    def observe_local_ttft(self, request_id: str, ttft_s: float) -> None:
-        """A request this LB kept here reached its first token ``ttft_s`` after its dispatch, as this LB
-        saw it: calibrates the TTFT-SLO guard (``region/slo_guard.py``). The simulator calls it from its
-        LB, the Serve ingress at a local stream's first token. A no-op without a guard."""
+    def observe_local_ttft(self, request_id: str, ttft_s: float, waited_s: float = 0.0) -> None:
+        """A request this LB served here reached its first token ``ttft_s`` after its dispatch, as this LB
+        saw it, having waited ``waited_s`` at this LB before: calibrates the TTFT-SLO guard
+        (``region/slo_guard.py``: its stays' bins, and the region's own tail since arrival). The simulator
+        calls it from its LB, the Serve ingress at a local stream's first token. A no-op without a guard."""
         if self.selector is not None and self.selector.slo_guard is not None:
             self.selector.slo_guard.observe(request_id, ttft_s)
+            self.selector.slo_guard.observe_region(ttft_s + waited_s)
 
     def on_forward(self, req: RouteRequest, region: str, now: float) -> None:
         """Record a forward in the regional snapshot (SkyLB §4.1)."""

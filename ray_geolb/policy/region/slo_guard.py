@@ -22,6 +22,10 @@ is the rule's business -- its in-flight price is what balances loaded regions.)
   ``estimate / its lower edge`` (realized TTFT taken to grow no faster than the estimate). A stay also
   meets when any bin of larger estimates does. A forward's peer part is read on the same bins (the peer
   runs the same engines; its own realized TTFTs are not seen here).
+* **A region under pressure keeps nothing more.** The guard also reads the P99 of every local request's
+  TTFT since it reached this LB (its wait here included: what the stays' own times cannot show, the wait
+  they cause the requests behind them), over the last ``REGION_WINDOW``. While that misses the SLO,
+  staying is not expected to meet it, and the rule decides.
 * **Until a bin is measured** the guard says nothing: the rule decides as without a guard.
 
 Tried and not kept (section 29): one multiplicative scale over all stays (its tail is set by the
@@ -29,8 +33,9 @@ smallest estimates, whose realized TTFT is mostly a fixed base latency: the guar
 keeping a request whose stay is expected to miss but to be faster than the forward (the SLO met at a
 light load, lost requests doubled at a heavy one).
 
-Cost per decision: a logarithm and a walk over at most ``BINS`` tail values; a bin's tail is recomputed
-every ``REFRESH`` samples (a sort of ``WINDOW`` floats). Memory: ``BINS × WINDOW`` floats and up to
+Cost per decision: a logarithm and a walk over at most ``BINS`` tail values; a bin's tail (and the
+region's) is recomputed every ``REFRESH`` samples (a sort of ``WINDOW`` / ``REGION_WINDOW`` floats).
+Memory: ``BINS × WINDOW + REGION_WINDOW`` floats and up to
 ``PENDING`` estimates awaiting their first token (the oldest are dropped: a request cancelled before
 its first token leaves nothing behind).
 """
@@ -55,6 +60,8 @@ REFRESH = 16
 BINS = 24
 #: the smallest estimate told apart (s): 10 ms, so the bins reach FLOOR_S * 2**12 ~ 41 s
 FLOOR_S = 0.01
+#: local requests (stays or not, held at the LB or not) whose TTFT since arrival the region's tail is read on
+REGION_WINDOW = 256
 #: estimates kept while their requests wait for a first token
 PENDING = 4096
 
@@ -81,6 +88,9 @@ class SloGuard:
         self._fresh = [0] * BINS
         #: per bin, its QUANTILE of realized TTFT (None: fewer than MIN_SAMPLES samples)
         self.tail: List[Optional[float]] = [None] * BINS
+        self._region: Deque[float] = deque(maxlen=REGION_WINDOW)  # every local request's TTFT since its arrival
+        self._region_fresh = 0
+        self.region_tail: Optional[float] = None
         self.kept = 0  # forwards the cost rule chose that the guard kept here (the selector counts them)
 
     def predict(self, estimate_s: float) -> Optional[float]:
@@ -97,11 +107,26 @@ class SloGuard:
                       for j in range(b - 1, -1, -1) if (t := tail[j]) is not None), None)
         return min((x for x in (above, below) if x is not None), default=None)
 
+    def observe_region(self, ttft_s: float) -> None:
+        """Any local request's first token, ``ttft_s`` after it reached this LB (its wait here included): the
+        region's own tail (``region_tail``), read by :meth:`meets`."""
+        if not (isinstance(ttft_s, (int, float)) and math.isfinite(ttft_s) and ttft_s >= 0):
+            return
+        w = self._region
+        w.append(float(ttft_s))
+        self._region_fresh += 1
+        if len(w) >= MIN_SAMPLES and (self.region_tail is None or self._region_fresh >= REFRESH):
+            s = sorted(w)
+            self.region_tail = s[min(len(s) - 1, int(QUANTILE * len(s)))]
+            self._region_fresh = 0
+
     def meets(self, estimate_s: float) -> bool:
         """True if a stay with this own-TTFT estimate is expected to meet the SLO: :meth:`predict` says so,
         or a bin of larger estimates has a measured tail within it (a larger estimate is not expected to do
         better). False while nothing is measured."""
         slo = self.slo_s
+        if self.region_tail is not None and self.region_tail > slo:
+            return False  # this region already misses the SLO for its own requests: no more work kept here
         p = self.predict(estimate_s)
         if p is not None and p <= slo:
             return True

@@ -129,7 +129,7 @@ class LocalCalls:
                 raise err
             ttft = policy_now() - t0
             self.estimates.served("stream", ttft)
-            self.router.observe_local_ttft(ctx.request_id, ttft)  # the TTFT-SLO guard's calibration
+            self.router.observe_local_ttft(ctx.request_id, ttft, wait_ms / 1000.0)  # the TTFT-SLO guard's calibration
         except BaseException:  # CancelledError too: the client left before the first token
             cancel_quietly(gen)
             slot.release()

@@ -49,6 +49,20 @@ def test_a_bin_whose_stays_missed_the_slo_does_not_keep_requests():
     assert g.meets(0.4)
 
 
+def test_a_region_already_missing_the_slo_keeps_nothing_more_here():
+    g = SloGuard(0.5)
+    _calibrate(g, 0.2, 0.1)
+    for _ in range(G.MIN_SAMPLES):
+        g.observe_region(0.3)  # its own requests, held time included, meet the SLO
+    assert g.region_tail == pytest.approx(0.3) and g.meets(0.2)
+    for _ in range(G.REGION_WINDOW):
+        g.observe_region(0.9)  # now they miss it: the region is under pressure
+    assert g.region_tail == pytest.approx(0.9) and not g.meets(0.2) and not g.meets(0.01)
+    for bad in (math.nan, -1.0, None):
+        g.observe_region(bad)
+    assert len(g._region) == G.REGION_WINDOW
+
+
 def test_unknown_ids_and_bad_ttfts_are_ignored_and_pending_estimates_are_bounded():
     g = SloGuard(0.5)
     g.observe("never-noted", 0.1)
@@ -105,8 +119,8 @@ def test_the_guard_keeps_a_request_here_only_when_its_forward_would_miss_and_sta
     d = _decide_with_far_peer(on, 1, 0.48, 2.0)
     assert d.kind == "local" and guard.kept == 1  # 0.48 s of RTT + the peer's prefill misses 0.5 s; staying meets it
     assert "r1" in guard._pending  # its first token will calibrate the guard in turn
-    on.observe_local_ttft("r1", 0.06)
-    assert "r1" not in guard._pending
+    on.observe_local_ttft("r1", 0.06, 0.01)
+    assert "r1" not in guard._pending and guard._region[-1] == pytest.approx(0.07)  # TTFT since arrival
     d = _decide_with_far_peer(on, 2, 0.01, 3.0)
     assert (d.kind, d.reason) == ("forward", "cost_before_saturation")  # a near peer meets it: the rule decides
 
