@@ -1,6 +1,7 @@
 """The Serve ingress calibrates the region layer's TTFT-SLO guard (``two_layer.ttft_slo_s``) as the simulator
 does: a local stream's first token is reported to ``RegionRouter.observe_local_ttft`` under the request's
-id, with the time it waited at the ingress. No cluster: a ``RequestPath`` with its model call replaced by a stream that answers at once."""
+id, with the time it waited at the ingress. No cluster: a ``RequestPath`` with its model call replaced by
+a stream that answers at once."""
 
 from __future__ import annotations
 
