@@ -37,7 +37,8 @@ Cost per decision: a logarithm and a walk over at most ``BINS`` tail values; a b
 region's) is recomputed every ``REFRESH`` samples (a sort of ``WINDOW`` / ``REGION_WINDOW`` floats).
 Memory: ``BINS × WINDOW + REGION_WINDOW`` floats and up to
 ``PENDING`` estimates awaiting their first token (the oldest are dropped: a request cancelled before
-its first token leaves nothing behind).
+its first token leaves nothing behind). The Serve ingress sees a first token only in a stream, so there
+non-streamed requests calibrate nothing and age out of that window.
 """
 
 from __future__ import annotations
