@@ -73,6 +73,12 @@ def _bin(estimate_s: float) -> int:
     return min(BINS - 1, int(2.0 * math.log2(estimate_s / FLOOR_S)))
 
 
+def _quantile(values) -> float:
+    """The ``QUANTILE`` of ``values`` (the order statistic at that rank; non-empty)."""
+    s = sorted(values)
+    return s[min(len(s) - 1, int(QUANTILE * len(s)))]
+
+
 def _lower_edge(b: int) -> float:
     return FLOOR_S * 2.0 ** (b / 2.0)
 
@@ -117,8 +123,7 @@ class SloGuard:
         w.append(float(ttft_s))
         self._region_fresh += 1
         if len(w) >= MIN_SAMPLES and (self.region_tail is None or self._region_fresh >= REFRESH):
-            s = sorted(w)
-            self.region_tail = s[min(len(s) - 1, int(QUANTILE * len(s)))]
+            self.region_tail = _quantile(w)
             self._region_fresh = 0
 
     def meets(self, estimate_s: float) -> bool:
@@ -156,6 +161,5 @@ class SloGuard:
         w.append(float(ttft_s))
         self._fresh[b] += 1
         if len(w) >= MIN_SAMPLES and (self.tail[b] is None or self._fresh[b] >= REFRESH):
-            s = sorted(w)
-            self.tail[b] = s[min(len(s) - 1, int(QUANTILE * len(s)))]
+            self.tail[b] = _quantile(w)
             self._fresh[b] = 0
