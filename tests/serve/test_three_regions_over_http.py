@@ -556,10 +556,15 @@ def test_registry_killed_mid_run(geo):
             results = [r for t in await asyncio.gather(*tasks) for r in t]
         # rebuilt: the restarted actor knows every region again
         deadline = time.monotonic() + 30
+        table = None
         while True:
-            table = await reg.table.remote()
-            if set(table["regions"]) == set(REGIONS) and table["uptime_s"] < time.monotonic() - killed_at + 1:
-                break
+            try:
+                table = await reg.table.remote()
+            except ray.exceptions.RayError as e:  # still restarting (ActorUnavailableError): not rebuilt yet
+                table = repr(e)
+            else:
+                if set(table["regions"]) == set(REGIONS) and table["uptime_s"] < time.monotonic() - killed_at + 1:
+                    break
             assert time.monotonic() < deadline, table
             await asyncio.sleep(0.2)
         await wait_idle(geo)
