@@ -2,7 +2,7 @@
 
     python benchmarks/bench_faults.py [--systems geoprefix,region-local,sgl,ray-prefix] [--seeds 0,1,2,3]
         [--held-out-seeds 4,5] [--replicas us=2,eu=2,asia=2] [--hour-s 60] [--detect-s 10] [--slo 1]
-        [--workers 2] [--out benchmarks/results/faults]
+        [--workers 2] [--registry-standbys eu] [--out benchmarks/results/faults]
 
 Demand ``geo-diurnal-3`` (48 req/s mean, ``load_demand``), engine ``llama3.1-8b-h100``, the same replicas for every
 system. Each scenario simulates one region's peak hour and the hour either side (``faults.peak_fault_run``: each
@@ -11,6 +11,8 @@ cut off from the others for it (a partition), or nothing (the baseline of the sa
 largest: peak 27.9 req/s at UTC 22) and ``us`` (home of the central LBs and of the per-region systems'
 registry: peak 19.9 req/s at UTC 4). Every system notices a failure after the same ``--detect-s`` (clients
 fail over to another region's LB, a central system to its standby in ``eu``; ``sim/faults.py``).
+``--registry-standbys`` gives the per-region systems standby registries in those regions beside the primary
+in us (``RegionLayerSettings.registry_standbys``; the header says so); by default they have the one registry.
 
 Per (system, scenario, seed), for the requests first sent inside the fault hour: attainment at the TTFT SLO
 ``--slo`` (served within it / sent), the requests that missed it (sent - served within it), goodput (served
@@ -38,7 +40,7 @@ import sys
 import time
 from typing import Any, Dict, List
 
-from ray_geolb.sim.deploy import parse_regions
+from ray_geolb.sim.deploy import SYSTEMS, parse_regions
 from ray_geolb.sim.faults import peak_fault_run, window_figures
 from ray_geolb.sim.metrics import dumps, text_table
 from ray_geolb.sim.workloads.geo_diurnal import load_demand
@@ -57,6 +59,8 @@ def _runs(args) -> List[dict]:
                 base = {"label": f"{region}-{kind}/{system}/{seed}", "system": system, "replicas": args.replicas,
                         "workload": {"name": "geo-diurnal", "kw": {**demand.workload_kw(), "seed": seed}},
                         "sim": {"duration_s": 1.0, "seed": seed}, "deploy": {"profile": PROFILE}}
+                if args.standbys and system in SYSTEMS and SYSTEMS[system].lb_kind == "per-region":
+                    base["deploy"]["region_layer"] = {"registry_standbys": list(args.standbys)}
                 run = peak_fault_run(base, region, "outage" if kind == "none" else kind, hour_s=args.hour_s,
                                      detect_s=args.detect_s)
                 if kind == "none":
@@ -188,8 +192,10 @@ def main(argv=None) -> int:
     ap.add_argument("--slo", type=float, default=1.0, help="P99 TTFT SLO (s) the attainment is judged at")
     ap.add_argument("--steady-s", type=float, default=20.0, help="the fault hour's last seconds taken as steady")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--registry-standbys", default="", help="regions of the per-region systems' standby registries")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    args.standbys = [r for r in args.registry_standbys.split(",") if r]
     args.systems = [s for s in args.systems.split(",") if s]
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.held_out = [int(s) for s in args.held_out_seeds.split(",") if s]
@@ -207,7 +213,8 @@ def main(argv=None) -> int:
             f"is the region's peak hour and one hour either side, an hour = {args.hour_s:g} simulated s; the fault "
             f"covers the peak hour; detection delay {args.detect_s:g} s for every system; attainment at P99 TTFT "
             f"<= {args.slo:g} s of the requests sent in the fault hour (min/mean/max over seeds, %); goodput = "
-            f"those within the SLO per simulated second; {len(runs)} runs, {wall:.0f} s wall")
+            f"those within the SLO per simulated second; per-region systems' registries: us"
+            f"{''.join(f' + a standby in {r}' for r in args.standbys)}; {len(runs)} runs, {wall:.0f} s wall")
     text = [head, "", f"seeds {','.join(map(str, args.seeds))}:", _table(results, args.seeds, args), "",
             "GeoPrefix against each (seeds' ranges apart = win/loss, else tie):",
             _verdicts(results, args.seeds, args)]

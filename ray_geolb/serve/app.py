@@ -189,7 +189,7 @@ def model_len(llm_config: Any) -> Optional[int]:
 
 # ---------------------------------------------------------------------------------------------- apps
 def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router: str, policy: Any, lat,
-                    ingress: Optional[dict], registry: Any, app_prefix: str) -> dict:
+                    ingress: Optional[dict], registry: Any, app_prefix: str, pin: bool = True) -> dict:
     """The region ingress's config (validated now, so a bad field is named at build time)."""
     region_local = router != "geo"
     icfg: Dict[str, Any] = {
@@ -207,19 +207,25 @@ def _ingress_config(region: str, regions: Dict[str, int], model_id: str, router:
     elif registry is False:
         icfg["registry"] = None
     else:
-        icfg["registry"] = _registry_options(registry, regions)
+        icfg["registry"] = _registry_options(registry, regions, pin)
     icfg["two_layer"] = two_layer
     icfg.update(extra)
     return IngressConfig.model_validate(icfg).model_dump()
 
 
-def _registry_options(registry: Optional[dict], regions: Dict[str, int]) -> dict:
+def _registry_options(registry: Optional[dict], regions: Dict[str, int], pin: bool = True) -> dict:
     """``RegistryOptions`` fields with the deployment's regions in the registry's config (``regions``):
     the registry refuses heartbeats from any other region, and -- registered with their replica counts,
     ``{region: replicas}`` (an autoscaling region's ``max_replicas``) -- heartbeats that claim more
     available replicas than the region has. A list given in ``registry["config"]`` must hold every region
-    of the deployment (it may name more, e.g. regions deployed separately); it registers names only."""
+    of the deployment (it may name more, e.g. regions deployed separately); it registers names only.
+    Standby registries (``standbys``) must sit in regions of the deployment; they are pinned there when
+    the apps are (``pin``)."""
     reg = dict(registry or {})
+    outside = sorted(set(reg.get("standbys") or ()) - set(regions))
+    if outside:
+        raise ValueError(f"registry.standbys names region(s) {outside} outside the deployment's {sorted(regions)}")
+    reg.setdefault("pin_standbys", pin)
     cfg = dict(reg.get("config") or {})
     listed = cfg.setdefault("regions", {r: regions[r] for r in sorted(regions)})
     if listed is not None:
@@ -256,7 +262,8 @@ def _bind_app(region: str, regions: Dict[str, int], cfg: Any, name: str, route_p
 
     length = model_len(cfg)
     ingress = {"max_model_len": length, **(ingress or {})} if length is not None else ingress
-    icfg = _ingress_config(region, regions, cfg.model_id, router, policy, lat, ingress, registry, app_prefix)
+    icfg = _ingress_config(region, regions, cfg.model_id, router, policy, lat, ingress, registry, app_prefix,
+                           pin_ingress)
     actor_opts: Dict[str, Any] = {"num_cpus": 0}
     if pin_ingress:
         actor_opts["label_selector"] = {REGION_LABEL: region}
@@ -438,7 +445,7 @@ def deploy_region_apps(apps: List[RegionApp], timeout_s: Optional[float] = None)
     from ray import serve
     from ray.serve.api import RunTarget
 
-    from ray_geolb.serve.registry import get_or_create_registry
+    from ray_geolb.serve.registry import get_or_create_registry, standby_name
 
     registries: Dict[tuple, Any] = {}
     listed: Dict[tuple, dict] = {}
@@ -446,11 +453,14 @@ def deploy_region_apps(apps: List[RegionApp], timeout_s: Optional[float] = None)
         reg = a.config.get("registry")
         if not reg:
             continue
-        key = (reg["name"], reg["namespace"])
-        if key not in registries:
-            registries[key] = get_or_create_registry(reg["name"], reg["namespace"], reg.get("config"))
         regs = (reg.get("config") or {}).get("regions") or ()
-        listed.setdefault(key, {}).update(regs if isinstance(regs, dict) else {r: None for r in regs})
+        # the primary (on this driver's node), then each standby, pinned to its region
+        for name, where in [(reg["name"], None)] + [(standby_name(reg["name"], r), r) for r in reg.get("standbys", ())]:
+            key = (name, reg["namespace"])
+            if key not in registries:
+                sel = {REGION_LABEL: where} if where is not None and reg.get("pin_standbys", True) else None
+                registries[key] = get_or_create_registry(name, reg["namespace"], reg.get("config"), sel)
+            listed.setdefault(key, {}).update(regs if isinstance(regs, dict) else {r: None for r in regs})
     for key, actor in registries.items():
         if listed[key]:  # with their replica counts where every one is known (a list leaves counts as they are)
             known = all(n is not None for n in listed[key].values())

@@ -28,10 +28,17 @@ __all__ = [
     "DEFAULT_NAMESPACE",
     "RegionRegistry",  # noqa: F822 - built lazily by __getattr__ (importing this module must not import ray)
     "get_or_create_registry",
+    "standby_name",
 ]
 
 DEFAULT_NAME = "geolb_registry"
 DEFAULT_NAMESPACE = "geolb"
+
+
+def standby_name(name: str, region: str) -> str:
+    """The actor name of the standby registry in ``region`` beside the registry ``name``
+    (``RegistryOptions.standbys``)."""
+    return f"{name}.standby.{region}"
 
 
 # ---------------------------------------------------------------------------------------------- actor
@@ -64,7 +71,12 @@ def _actor_class():
             return self.state.snapshot(region)
 
         def stats(self) -> dict:
-            return self.state.stats()
+            """``RegistryState.stats`` and ``node_region``: the region label of the node it runs on."""
+            from ray_geolb.serve.local import REGION_LABEL
+
+            out = self.state.stats()
+            out["node_region"] = ray.get_runtime_context().get_node_labels().get(REGION_LABEL)
+            return out
 
         def ping(self) -> str:
             return "ok"

@@ -15,6 +15,15 @@ A heartbeat the registry refuses (its reply's ``refused``, ``{code: count}``, an
 ``unknown_region`` -- a registry created, or restarted by Ray, with an older deployment's region list --
 and this client's ``registry_config["regions"]`` lists its region, it adds that list to the registry
 (``add_regions``) and the next heartbeat is taken.
+
+**Standby registries** (``standbys``: ``RegistryOptions.standbys``, ``RegionLayerSettings.registry_standbys``).
+Each tick's heartbeat also goes to every standby registry -- a registry actor of its own, pinned to
+another region -- without the snapshot delta (the primary alone mirrors the snapshot) and with the
+one-way delay to that standby. Each standby's table is handed to ``on_standby_table``; the ingress applies
+it like the primary's, a peer's freshest state winning (``RegionRouter.update_peer``). A standby call
+never delays the tick: one call per standby is in flight at most (a tick skips a standby whose last call
+is still pending), each with the same timeout. So the regions keep forwarding through the loss of the
+primary's region, and nothing has to fail over or back.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.registry_state import SECRET_ENV, logger, registry_leg
@@ -30,6 +39,28 @@ from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_create_registry
 
 __all__ = ["RegistryClient", "peer_states_from_table"]
+
+
+class _StandbyLink:
+    """One standby registry: its actor, the call in flight, the one-way delay its heartbeats declare."""
+
+    __slots__ = ("name", "label_selector", "handle", "task", "delay_s", "successes", "failures",
+                 "consecutive_failures", "last_error")
+
+    def __init__(self, name: str, label_selector: Optional[dict]):
+        self.name = name
+        self.label_selector = label_selector
+        self.handle = None
+        self.task: Optional[asyncio.Task] = None
+        self.delay_s: Optional[float] = None
+        self.successes = 0
+        self.failures = 0
+        self.consecutive_failures = 0
+        self.last_error: Optional[str] = None
+
+    def status(self) -> dict:
+        return {"connected": self.successes > 0 and self.consecutive_failures == 0,
+                "successes": self.successes, "failures": self.failures, "last_error": self.last_error}
 
 
 class RegistryClient:
@@ -59,6 +90,8 @@ class RegistryClient:
         create_if_missing: bool = True,
         registry_config: Optional[dict] = None,
         clock: Callable[[], float] = policy_now,
+        standbys: Sequence[Tuple[str, Optional[dict]]] = (),
+        on_standby_table: Optional[Callable[[dict, float], None]] = None,
     ):
         if not (isinstance(period_s, (int, float)) and period_s > 0):
             raise ValueError(f"period_s must be > 0, got {period_s!r}")
@@ -93,6 +126,9 @@ class RegistryClient:
         #: the one-way delay to the registry this source declares in its heartbeats (``delay_s``): half
         #: its last heartbeat's round trip; None until one succeeded
         self.delay_s: Optional[float] = None
+        #: the standby registries (module docstring): actor name, label selector it is created with
+        self.standbys: Dict[str, _StandbyLink] = {n: _StandbyLink(n, sel) for n, sel in standbys}
+        self.on_standby_table = on_standby_table or on_table
 
     # ------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -101,7 +137,12 @@ class RegistryClient:
 
     async def stop(self) -> None:
         t, self._task = self._task, None
-        if t is not None:
+        tasks = [t] + [link.task for link in self.standbys.values()]
+        for link in self.standbys.values():
+            link.task = None
+        for t in tasks:
+            if t is None:
+                continue
             t.cancel()
             try:
                 await t
@@ -123,18 +164,22 @@ class RegistryClient:
             "last_error": self.last_error,
             "refused": self.refused,
             "last_refusal": self.last_refusal,
+            "standbys": {n: link.status() for n, link in self.standbys.items()},
         }
 
     # ------------------------------------------------------------ calls
-    async def _resolve(self):
+    async def _resolve(self, name: Optional[str] = None, label_selector: Optional[dict] = None):
+        """The named registry actor (this client's primary unless ``name`` says which standby), created
+        if missing and allowed."""
         import ray
 
         loop = asyncio.get_running_loop()
+        name = self.name if name is None else name
 
         def get():
             if self.create_if_missing:
-                return get_or_create_registry(self.name, self.namespace, self.registry_config)
-            return ray.get_actor(self.name, namespace=self.namespace)
+                return get_or_create_registry(name, self.namespace, self.registry_config, label_selector)
+            return ray.get_actor(name, namespace=self.namespace)
 
         # get_actor / actor creation are blocking GCS calls: keep them off the event loop.
         handle = await asyncio.wait_for(loop.run_in_executor(None, get), self.timeout_s * 5)
@@ -146,12 +191,16 @@ class RegistryClient:
         the call's round trip, resolution left out."""
         if self._handle is None:
             self._handle = await self._resolve()
+        out, self.last_call_s = await self._timed(self._handle, method, *args)
+        return out
+
+    async def _timed(self, handle, method: str, *args) -> tuple:
+        """(the answer, its round trip) of one actor call, within ``timeout_s``."""
         t0 = self._clock()
-        ref = getattr(self._handle, method).remote(*args)
+        ref = getattr(handle, method).remote(*args)
         try:
             out = await asyncio.wait_for(ref, self.timeout_s)
-            self.last_call_s = max(0.0, self._clock() - t0)
-            return out
+            return out, max(0.0, self._clock() - t0)
         except asyncio.TimeoutError:
             import ray
 
@@ -166,6 +215,7 @@ class RegistryClient:
             hb.setdefault("source", self.source)
             if self._token:
                 hb["token"] = self._token
+            self._send_to_standbys(hb)
             if self.delay_s is not None:
                 hb.setdefault("delay_s", self.delay_s)
             table = await self.call("heartbeat_batch", [hb])
@@ -193,6 +243,42 @@ class RegistryClient:
             logger.exception("on_table callback failed")
         await self._on_refused(table.get("refused") if isinstance(table, dict) else None, table)
         return True
+
+    def _send_to_standbys(self, hb: dict) -> None:
+        """This tick's heartbeat to every standby whose last call is done (module docstring)."""
+        for link in self.standbys.values():
+            if link.task is not None and not link.task.done():
+                continue
+            msg = {k: v for k, v in hb.items() if k not in ("snapshot_delta", "delay_s")}
+            if link.delay_s is not None:
+                msg["delay_s"] = link.delay_s
+            link.task = asyncio.get_running_loop().create_task(self._standby_call(link, msg))
+
+    async def _standby_call(self, link: _StandbyLink, hb: dict) -> None:
+        """One heartbeat to a standby, its table to ``on_standby_table``. Never raises (except cancel)."""
+        try:
+            if link.handle is None:
+                link.handle = await self._resolve(link.name, link.label_selector)
+            table, round_trip = await self._timed(link.handle, "heartbeat_batch", [hb])
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a standby down or restarting: the others carry on
+            link.failures += 1
+            link.consecutive_failures += 1
+            link.last_error = f"{type(e).__name__}: {e}"[:300]
+            if link.consecutive_failures % self.reresolve_after == 0:
+                link.handle = None
+            if link.consecutive_failures in (1, 10) or link.consecutive_failures % 100 == 0:
+                logger.warning("standby registry %s unreachable from %s (%d failures in a row): %s", link.name,
+                               self.source, link.consecutive_failures, link.last_error)
+            return
+        link.successes += 1
+        link.consecutive_failures = 0
+        link.delay_s = registry_leg(round_trip)
+        try:
+            self.on_standby_table(table, self._clock() - link.delay_s)
+        except Exception:  # noqa: BLE001
+            logger.exception("on_standby_table callback failed")
 
     async def _on_refused(self, refused, table: dict) -> None:
         """Count and log a refused heartbeat; on ``unknown_region`` add this deployment's regions."""

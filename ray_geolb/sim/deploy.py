@@ -24,7 +24,8 @@ A :class:`DeploymentSpec` is plain data (JSON-able via :meth:`DeploymentSpec.to_
   period (+-jitter) after the lag (Ray Serve: controller poll + broadcast);
 * the registry LBs heartbeat through sits in ``central_region`` (the home region: Serve's
   ``deploy_region_apps`` creates it from the driver, on the head node) if that region is in the
-  network, else in the first LB region (:meth:`DeploymentSpec.registry_region`).
+  network, else in the first LB region (:meth:`DeploymentSpec.registry_region`); standby registries sit
+  in ``region_layer``'s ``registry_standbys`` (none by default; :meth:`DeploymentSpec.registry_regions`).
 * ``network``: a :class:`~ray_geolb.engine.network.RegionNetwork` (default ``RegionNetwork.default()``),
   or (through :func:`deployment_for` / :func:`resolve_network`) a name in ``NETWORKS`` or a plain dict
   ``{"regions": [...], "rtt_ms": [[a, b, ms], ...], "intra_ms": 0}`` so a run dict stays JSON-able;
@@ -149,6 +150,11 @@ class DeploymentSpec:
                 raise ValueError(f"replica region {r!r} is not in the network {self.network.regions}")
         if self.lb_kind == "central" and self.central_region not in self.network:
             raise ValueError(f"central_region {self.central_region!r} is not in the network {self.network.regions}")
+        primary = self.registry_region()
+        for r in self.settings.registry_standbys:
+            if r not in self.network or r == primary:
+                raise ValueError(f"region_layer.registry_standbys: {r!r} must be a region of the network "
+                                 f"{self.network.regions} other than the primary registry's, {primary!r}")
         if self.standby_region is not None:
             if self.lb_kind != "central":
                 raise ValueError("standby_region applies to a central LB only (per-region systems fail over to "
@@ -165,6 +171,11 @@ class DeploymentSpec:
     def registry_region(self) -> str:
         """Where the registry the LBs heartbeat through sits (see the module docstring)."""
         return self.central_region if self.central_region in self.network else self.lb_regions()[0]
+
+    def registry_regions(self) -> List[str]:
+        """Every registry's region: the primary (:meth:`registry_region`), then the standbys
+        (``settings.registry_standbys``, ``RegionLayerSettings``)."""
+        return [self.registry_region()] + list(self.settings.registry_standbys)
 
     @property
     def replica_regions(self) -> List[str]:

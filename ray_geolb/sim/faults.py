@@ -39,7 +39,10 @@ cut), or whose answer cannot come back, is lost and the LB ticks again one perio
 what it had. So a peer that stops heartbeating keeps its last figures, dated when it measured them, and
 every router ignores it once they are ``peer_stale_s`` old (``TwoLayerConfig.peer_stale_s``, 2 s): forwards
 to it stop; a cut-off region, and every region when the registry's own region fails, routes locally
-(Serve's ``RegistryClient`` behaves the same: degraded, never stopped).
+(Serve's ``RegistryClient`` behaves the same: degraded, never stopped). With standby registries
+(``RegionLayerSettings.registry_standbys``) each heartbeat also goes to each standby and every table that
+comes back is applied, a peer's freshest state winning: the regions that still reach some registry keep
+forwarding among themselves; the primary's link paces the ticks (a lost standby leg is just lost).
 
 **Noticing a failure: one delay for every system, ``detect_s``** (default 10 s, per fault: an anycast or
 DNS health check, e.g. a check every 5 s and two failures). Until ``start_s + detect_s`` clients keep sending
@@ -477,10 +480,12 @@ class FaultModel:
         def reg_leg(lb, item, there: bool) -> bool:
             if lb.down:
                 return True
-            a, b = (lb.region, sim.registry_region) if there else (sim.registry_region, lb.region)
+            where = item[2]  # the registry's region (the primary's or a standby's)
+            a, b = (lb.region, where) if there else (where, lb.region)
             if reach(a, b):
                 return False
-            sim.push(max(item[1] + sim.settings.heartbeat_period_s, sim.now), HEARTBEAT, lb)  # lost: tick again
+            if where == sim.registry_region:  # lost: the primary's link ticks again (it paces the ticks)
+                sim.push(max(item[1] + sim.settings.heartbeat_period_s, sim.now), HEARTBEAT, lb)
             return True
 
         def ping(lb, item) -> bool:

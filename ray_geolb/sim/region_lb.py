@@ -22,15 +22,19 @@ from typing import Any, Dict, List, Optional, Protocol
 
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.policy.region.heartbeat import heartbeat_message
+from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule, Verdict
+from ray_geolb.policy.region.registry_state import registry_leg
 from ray_geolb.policy.region.router import RegionDecision, RegionRouter
 
 from .events import (
+    HEARTBEAT,
     LB_ARRIVE,
     LB_TIMEOUT,
     PING_REPLY,
     REG_ARRIVE,
+    REG_REPLY,
     REP_ARRIVE,
     RTT_PROBE,
     STEAL_ANSWER,
@@ -55,6 +59,7 @@ class LBDriver(Protocol):
     lbs: Dict[str, "RegionLB"]
     replicas: Dict[str, Any]
     registry_region: Optional[str]
+    registries: Dict[str, Any]
     #: region outages and partitions (``sim/faults.py``'s ``FaultModel``), or None
     faults: Any
 
@@ -93,8 +98,9 @@ class RegionLB:
         #: go / wait / refuse: the ingress's bounds, or a central LB's strict, unbounded FCFS
         self.rule = QueueRule(st.max_queue, st.max_wait_s, st.forward_past_queue) if ingress else \
             QueueRule(forward_past_queue=False)
-        #: half its last registry round trip, the one-way delay its heartbeats declare (RegistryClient.delay_s)
-        self.reg_delay: Optional[float] = None
+        #: per registry region, half its last round trip there: the one-way delay the heartbeats to that
+        #: registry declare (RegistryClient.delay_s)
+        self.reg_delay: Dict[str, float] = {}
         #: which of its heartbeats carry its prefix summary (Serve: PeerMesh.heartbeat, the same rule)
         self.summary_rule = SummarySendRule()
         #: cross-region work stealing (TwoLayerConfig.steal; policy/region/steal.py): the router's, per-region LBs only
@@ -387,8 +393,9 @@ class RegionLB:
     def on_heartbeat(self, _b=None) -> None:
         """One tick of the LB's registry link (Serve: ``RegistryClient.tick``): its heartbeat -- the
         figures ``RequestPath.local_report`` sends, and its measured RTTs -- travels to the registry
-        (the simulator's ``_on_reg_arrive``), which answers with the peer table; the next tick is one
-        period after this one began, or when the answer arrives if that is later."""
+        (``on_reg_arrive``), which answers with the peer table; the next tick is one
+        period after this one began, or when the primary registry's answer arrives if that is later. With
+        standby registries the same heartbeat goes to each (``on_reg_reply`` applies every table)."""
         sim = self.sim
         now = sim.now
         c = sim.c
@@ -397,14 +404,56 @@ class RegionLB:
         ps = router.heartbeat(len(self.queue), now, queued_tokens=float(self.queue.tokens))
         rtts = router.measured_rtts()
         summary = self.summary_rule.wire(ps.prefix_summary, now)  # as PeerMesh.heartbeat
+        primary = sim.registry_region
         hb = heartbeat_message(self.region, self.region, ps.available_replicas, ps.queue_len, rtts,
-                               extra=ps.extra, prefix_summary=summary, delay_s=self.reg_delay)
+                               extra=ps.extra, prefix_summary=summary, delay_s=self.reg_delay.get(primary))
         if summary is not None:
             size = len(json.dumps(summary, separators=(",", ":")))
             c["prefix_summaries"] = c.get("prefix_summaries", 0) + 1
             c["prefix_summary_bytes"] = c.get("prefix_summary_bytes", 0) + size
             c["prefix_summary_bytes_max"] = max(c.get("prefix_summary_bytes_max", 0), size)
-        sim.push(now + sim.one_way(self.region, sim.registry_region), REG_ARRIVE, self, (hb, now))
+        for where in sim.registries:  # the primary, then any standbys: one heartbeat, sent to each
+            msg = hb
+            if where != primary:  # with the one-way delay to that registry
+                msg = {k: v for k, v in hb.items() if k != "delay_s"}
+                if where in self.reg_delay:
+                    msg["delay_s"] = self.reg_delay[where]
+            sim.push(now + sim.one_way(self.region, where), REG_ARRIVE, self, (msg, now, where))
+
+    def on_reg_arrive(self, item) -> None:
+        """The heartbeat reaches a registry (item: heartbeat, tick time, the registry's region), which
+        applies it (a prefix summary in it replaces the region's last one) and answers with the peer table
+        (its ``prefix_summaries`` included), on the same legs and delays as the heartbeat."""
+        sim = self.sim
+        hb, t0, where = item
+        table = sim.registries[where].heartbeat_batch([hb])
+        if "errors" in table:
+            raise RuntimeError(f"registry refused {self.name}'s heartbeat: {table['errors']}")
+        sim.push(sim.now + sim.one_way(where, self.region), REG_REPLY, self, (table, t0, where))
+
+    def on_reg_reply(self, item) -> None:
+        """A peer table reaches the LB (Serve: ``PeerMesh._on_table``): every peer's state, its age as
+        the registry saw it, the RTT this region measured to it (else the peer's), its prefix summary if
+        the registry holds one -- a state older than the one the router holds (from another registry) is
+        ignored; then every waiting request is decided again (``kick_all``). The primary's reply paces
+        the next tick."""
+        sim = self.sim
+        table, t0, where = item
+        now = sim.now
+        router = self.router
+        delay = self.reg_delay[where] = registry_leg(now - t0)  # as RegistryClient.tick
+        for ps in peer_states_from_table(table, now - delay, self.region):
+            if ps.region in router.peers:
+                router.update_peer(ps)
+        if sim.faults is not None:  # a peer whose forward failed stays unavailable while its circuit is open
+            sim.faults.open_circuits(self)
+        if sim.trace is not None:
+            sim.trace("peers", {"lb": self.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)
+                                                                     for r, p in router.peers.items()}})
+        self.pump(everyone=True)
+        self.offer_slots()
+        if where == sim.registry_region:
+            sim.push(max(t0 + sim.settings.heartbeat_period_s, now), HEARTBEAT, self)
 
     def on_rtt_probe(self, idx: int) -> None:
         """RTT probes (Serve: ``PeerMesh._probe_loop``): each peer pinged in turn, the sample fed to

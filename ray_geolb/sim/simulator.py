@@ -27,8 +27,7 @@ from ray_geolb.policy.availability import ReplicaStats
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.factory import parse_policy_config, policy_class
 from ray_geolb.policy.region.config import TwoLayerConfig
-from ray_geolb.policy.region.peer_table import peer_states_from_table
-from ray_geolb.policy.region.registry_state import RegistryState, registry_leg
+from ray_geolb.policy.region.registry_state import RegistryState
 from ray_geolb.policy.region.router import PeerState, RegionRouter
 
 from .deploy import DeploymentSpec
@@ -39,7 +38,6 @@ from .events import (
     LB_DONE,
     OPEN_ARRIVAL,
     PROG_START,
-    REG_REPLY,
     RETRY,
     RTT_PROBE,
     SAMPLE,
@@ -64,6 +62,8 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
               "event that changes what the decision reads (arrival, replica report, completion, peer table)",
     "registry.name": "the registry actor's name; the simulated registry is one object",
     "registry.namespace": "the registry actor's namespace; the simulated registry is one object",
+    "registry.pin_standbys": "where a standby registry's actor is placed (pinned to its region's nodes or not); "
+                             "the simulator places each standby in its region",
     "registry.timeout_s": "a registry call that cannot get through (the registry's region down, or across a cut: "
                           "sim/faults.py) is lost at once and the LB ticks again one period later; no registry is "
                           "ever slow, so nothing times out",
@@ -324,10 +324,14 @@ class Simulator:
         self._forwarding = dep.lb_kind == "per-region" and len(self.lbs) > 1 and \
             tl.get("max_hops", 1) >= 1
         self.registry: Optional[RegistryState] = None
+        self.registries: Dict[str, RegistryState] = {}
         if self._forwarding:
-            # the registry every LB heartbeats through (policy/region/registry_state.py, on the virtual clock)
-            self.registry = RegistryState(clock=self._clock, regions=list(self.lbs))
+            # the registries every LB heartbeats to (policy/region/registry_state.py, on the virtual clock):
+            # the primary, then any standbys (RegionLayerSettings.registry_standbys)
+            self.registries = {r: RegistryState(clock=self._clock, regions=list(self.lbs))
+                               for r in dep.registry_regions()}
             self.registry_region = dep.registry_region()
+            self.registry = self.registries[self.registry_region]
             for lb in self.lbs.values():  # known but unheard: unavailable until a heartbeat says otherwise
                 for p in lb.peers:
                     lb.router.update_peer(PeerState(p.region, 0, 0, float("-inf")))
@@ -408,9 +412,9 @@ class Simulator:
         heap = self._heap
         lb = RegionLB  # the LB events' handlers take the LB (the event's a) as self
         handlers = (lb.on_arrive, self._on_rep_arrive, self._on_step_end, self._on_step_wake, lb.on_done,
-                    self._on_client_done, self._on_stats_measure, lb.on_stats, lb.on_heartbeat, self._on_reg_arrive,
+                    self._on_client_done, self._on_stats_measure, lb.on_stats, lb.on_heartbeat, lb.on_reg_arrive,
                     self._on_prog_start, self._on_open_arrival, self._on_sample, lb.on_ping_reply,
-                    self._on_reg_reply, lb.on_rtt_probe, lb.on_timeout, self._on_retry,
+                    lb.on_reg_reply, lb.on_rtt_probe, lb.on_timeout, self._on_retry,
                     lb.on_steal_offer, lb.on_stolen, lb.on_steal_settle, lb.on_steal_answer)
         if self.faults is not None:
             handlers = self.faults.install(handlers)
@@ -634,36 +638,6 @@ class Simulator:
         period = dep.stats_period_s * (1.0 + (self.rng.random() * 2.0 - 1.0) * j)
         self.push(now + period, STATS_MEASURE, rep)
 
-    def _on_reg_arrive(self, lb: RegionLB, item):
-        """The heartbeat reaches the registry, which applies it (a prefix summary in it replaces the
-        region's last one) and answers with the peer table (its ``prefix_summaries`` included), on the
-        same legs and delays as the heartbeat."""
-        hb, t0 = item
-        table = self.registry.heartbeat_batch([hb])
-        if "errors" in table:
-            raise RuntimeError(f"registry refused {lb.name}'s heartbeat: {table['errors']}")
-        self.push(self.now + self.one_way(self.registry_region, lb.region), REG_REPLY, lb, (table, t0))
-
-    def _on_reg_reply(self, lb: RegionLB, item):
-        """The peer table reaches the LB (Serve: ``PeerMesh._on_table``): every peer's state, its age as
-        the registry saw it, the RTT this region measured to it (else the peer's), its prefix summary if
-        the registry holds one; then every waiting request is decided again (``kick_all``)."""
-        table, t0 = item
-        now = self.now
-        router = lb.router
-        lb.reg_delay = registry_leg(now - t0)  # as RegistryClient.tick
-        for ps in peer_states_from_table(table, now - lb.reg_delay, lb.region):
-            if ps.region in router.peers:
-                router.update_peer(ps)
-        if self.faults is not None:  # a peer whose forward failed stays unavailable while its circuit is open
-            self.faults.open_circuits(lb)
-        if self.trace is not None:
-            self.trace("peers", {"lb": lb.name, "t": now, "peers": {r: (p.available_replicas, p.queue_len, p.timestamp)
-                                                                    for r, p in router.peers.items()}})
-        lb.pump(everyone=True)
-        lb.offer_slots()
-        self.push(max(t0 + self.settings.heartbeat_period_s, now), HEARTBEAT, lb)
-
     # ------------------------------------------------------------------ replicas
     def _on_rep_arrive(self, rep: _Replica, req: _Req):
         rep.engine.add_request(EngineRequest(req.rid, req.prompt, req.out, req.kv_hashes, req.max_tokens), self.now)
@@ -801,6 +775,7 @@ def region_layer_config(sim: Simulator, region: str) -> Dict[str, Any]:
         "max_wait_s": st.max_wait_s if lb.ingress else None,
         "retry_after_s": st.retry_after_s if lb.ingress else None,
         "registry.period_s": st.heartbeat_period_s if reg is not None else None,
+        "registry.standbys": list(sim.registries)[1:] if reg is not None else None,
         "registry.config": None if reg is None else {
             "max_regions": reg.max_regions, "max_sources_per_region": reg.max_sources, "fresh_s": reg.fresh_s,
             "drop_after_s": reg.drop_after_s, "max_snapshot_nodes": reg.max_snapshot_nodes},

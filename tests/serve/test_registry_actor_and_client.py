@@ -524,6 +524,26 @@ def test_the_deployment_passes_its_regions_to_the_registry():
         _registry_options({"config": {"regions": ["us"]}}, {"us": 2, "eu": 1})
 
 
+def test_standby_registries_are_named_checked_and_pinned_as_the_apps_are():
+    from pydantic import ValidationError
+
+    from ray_geolb.serve.app import _registry_options, build_region_apps
+    from ray_geolb.serve.ingress.config import IngressConfig, RegistryOptions
+
+    regions = {"us": 2, "eu": 1, "asia": 1}
+    assert RegistryOptions().standbys == [] and RegistryOptions().pin_standbys  # one registry by default
+    assert _registry_options({"standbys": ["eu"]}, regions)["pin_standbys"] is True
+    assert _registry_options({"standbys": ["eu"]}, regions, pin=False)["pin_standbys"] is False
+    with pytest.raises(ValueError, match=r"standbys names region\(s\) \['mars'\]"):
+        _registry_options({"standbys": ["mars"]}, regions)
+    with pytest.raises(ValidationError, match="twice"):
+        RegistryOptions(standbys=["eu", "eu"])
+    with pytest.raises(ValueError, match="mars"):
+        build_region_apps(regions, registry={"standbys": ["mars"]})
+    apps = build_region_apps(regions, registry={"standbys": ["eu"]})
+    assert all(IngressConfig.model_validate(a.config).registry.standbys == ["eu"] for a in apps)
+
+
 def test_trim_keeps_parents():
     idx = PrefixIndex(block_chars=4, growth=0.0)
     for i in range(30):
@@ -724,3 +744,64 @@ def test_the_actor_refuses_a_flood_and_a_client_adds_its_deployments_regions(ray
     assert stats["regions_configured"] == sorted(REAL) and stats["refused"]["unknown_region"] >= 200
     assert max(sizes + [_table_bytes(t)]) <= stats["table_bound_bytes"] == THREE_REGION_TABLE_BOUND
     ray.kill(actor)
+
+
+@pytest.mark.ray
+def test_a_standby_registry_keeps_the_tables_coming_when_the_primary_is_gone(ray_local):
+    """Two regions' clients heartbeat to the primary registry and to a standby (its own actor). The
+    standby hears both, gets no snapshot (the primary alone mirrors it), and hands its tables to
+    ``on_standby_table``. With the primary killed for good, the standby's tables keep coming, with the
+    other region's figures fresh, and the standby's link reports itself connected."""
+    ray = ray_local
+    from ray_geolb.serve.clock import policy_now
+    from ray_geolb.serve.registry import get_or_create_registry, standby_name
+
+    name, ns = "reg_standby", "geolb_t"
+    primary = get_or_create_registry(name=name, namespace=ns)
+    standby = get_or_create_registry(name=standby_name(name, "eu"), namespace=ns)
+    ray.get([primary.ping.remote(), standby.ping.remote()], timeout=30)
+    idx = PrefixIndex(block_chars=8, growth=0.0)
+    _forwards(idx, 0, 40)
+    writer = SnapshotWriter(max_rows=500)
+
+    def us_report():
+        out = {"available_replicas": 2, "queue_len": 0}
+        delta = writer.delta(idx.snapshot())
+        if delta is not None:
+            out["snapshot_delta"] = delta
+        return out
+
+    async def main():
+        got = {"us": [], "eu": []}
+
+        def client(region, report):
+            return RegistryClient(region, f"{region}/1", report, lambda t, r: got[region].append(("primary", t, r)),
+                                  name=name, namespace=ns, period_s=0.1, timeout_s=0.5, create_if_missing=False,
+                                  standbys=[(standby_name(name, "eu"), None)],
+                                  on_standby_table=lambda t, r: got[region].append(("standby", t, r)))
+
+        us = client("us", us_report)
+        eu = client("eu", lambda: {"available_replicas": 1, "queue_len": 3})
+        us.start()
+        eu.start()
+        await asyncio.sleep(1.5)
+        for c in (us, eu):
+            st = c.status()["standbys"][standby_name(name, "eu")]
+            assert c.connected and st["connected"] and st["successes"] >= 3, c.status()
+        stats_p, stats_s = ray.get([primary.stats.remote(), standby.stats.remote()], timeout=30)
+        assert stats_p["snapshot_nodes"].get("us", 0) > 0 and not stats_s["snapshot_nodes"]
+        ray.kill(primary, no_restart=True)
+        killed = policy_now()  # the clock tables are dated on
+        await asyncio.sleep(1.5)
+        assert not [r for kind, t, r in got["us"] if kind == "primary" and r > killed + 0.1]
+        late = [(t, r) for kind, t, r in got["us"] if kind == "standby" and r > killed + 0.5]
+        assert len(late) >= 3, us.status()
+        peers = peer_states_from_table(late[-1][0], late[-1][1], "us")
+        assert [(p.region, p.available_replicas, p.queue_len) for p in peers] == [("eu", 1, 3)]
+        assert 0 <= policy_now() - peers[0].timestamp < 0.5  # fresh: eu heartbeats to the standby
+        assert not us.connected and us.status()["standbys"][standby_name(name, "eu")]["connected"]
+        await us.stop()
+        await eu.stop()
+
+    asyncio.run(main())
+    ray.kill(standby)

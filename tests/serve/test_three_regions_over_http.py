@@ -578,6 +578,33 @@ def test_registry_killed_mid_run(geo):
     assert any(geoh(r)["route"] == "forwarded" for r in after), [geoh(r) for r in after]
 
 
+def test_every_region_heartbeats_to_the_standby_registry_too(geo):
+    """The example config runs a standby registry in eu (``registry.standbys``): every region's ingress
+    reports its link to it connected, the standby's table holds every region, and it holds no snapshot
+    (the primary alone mirrors it)."""
+    from ray_geolb.serve.registry import standby_name
+
+    name = standby_name(DEFAULT_NAME, "eu")
+    standby = ray.get_actor(name, namespace=DEFAULT_NAMESPACE)
+
+    async def states():
+        deadline = time.monotonic() + 30
+        async with httpx.AsyncClient(timeout=30) as c:
+            while True:
+                sts = {r: (await c.get(f"{geo}/{r}/v1/geolb/state", headers=ADMIN)).json() for r in REGIONS}
+                links = {r: s["registry"]["standbys"][name] for r, s in sts.items()}
+                if all(link["connected"] and link["successes"] > 0 for link in links.values()):
+                    return links
+                assert time.monotonic() < deadline, links
+                await asyncio.sleep(0.2)
+
+    asyncio.run(states())
+    table, stats = ray.get([standby.table.remote(), standby.stats.remote()], timeout=30)
+    assert set(table["regions"]) == set(REGIONS)
+    assert not stats["snapshot_nodes"]
+    assert stats["node_region"] == "eu"  # created by the ingresses (create_if_missing), pinned to eu's nodes
+
+
 def test_restarted_ingress_reloads_its_snapshot(geo):
     """The regional snapshot (what us forwarded where) is mirrored to the registry; when the us ingress
     replica dies, Serve starts a new one, which reloads the snapshot from the registry."""

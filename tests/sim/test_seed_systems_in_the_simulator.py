@@ -133,8 +133,8 @@ def test_cost_selector_holds_when_local_wait_is_short_and_forwards_when_long_sim
     for lb in sim.lbs.values():
         lb.on_heartbeat()
         lb.on_rtt_probe(0)
-    handlers = {events.HEARTBEAT: RegionLB.on_heartbeat, events.REG_ARRIVE: sim._on_reg_arrive,
-                events.REG_REPLY: sim._on_reg_reply, events.PING_REPLY: RegionLB.on_ping_reply}
+    handlers = {events.HEARTBEAT: RegionLB.on_heartbeat, events.REG_ARRIVE: RegionLB.on_reg_arrive,
+                events.REG_REPLY: RegionLB.on_reg_reply, events.PING_REPLY: RegionLB.on_ping_reply}
     while sim._heap:
         t, _, kind, a, b = sim._heap[0]
         if t > 0.9:

@@ -32,7 +32,7 @@ SYSTEM_OF_POLICY = {"geoprefix": "geoprefix", "skylb": "skylb", "gorgo": "gorgo"
 COMPARED = {"region", "peers", "two_layer", "local_availability", "max_queue", "max_wait_s", "retry_after_s",
             "registry", "latency", "rtt_probe_period_s", "rtt_ewma", "stay_slot_wait", "drain_window_s",
             "drain_min_samples"}
-COMPARED_REGISTRY = {"period_s", "config"}
+COMPARED_REGISTRY = {"period_s", "config", "standbys"}
 
 
 @pytest.fixture(scope="module")
@@ -136,6 +136,7 @@ def serve_side(app) -> dict:
         "max_wait_s": icfg.max_wait_s,
         "retry_after_s": icfg.retry_after_s,
         "registry.period_s": reg.period_s if reg is not None else None,
+        "registry.standbys": list(reg.standbys) if reg is not None else None,
         "registry.config": None if state is None else {
             "max_regions": state.max_regions, "max_sources_per_region": state.max_sources, "fresh_s": state.fresh_s,
             "drop_after_s": state.drop_after_s, "max_snapshot_nodes": state.max_snapshot_nodes},
@@ -221,6 +222,9 @@ def test_the_comparison_sees_a_drift_on_either_side(serve_apps):
     # and the old simulator's heartbeat period is a drift too
     d = compare(apps, "geoprefix", region_layer={"heartbeat_period_s": 0.5})
     assert all(set(v) == {"registry.period_s"} for v in d.values()) and d
+    # and a standby registry on one side only
+    d = compare(apps, "geoprefix", region_layer={"registry_standbys": ["eu"]})
+    assert all(set(v) == {"registry.standbys"} for v in d.values()) and d
 
 
 def test_every_ingress_config_field_is_compared_or_excluded_with_a_reason():

@@ -14,7 +14,7 @@ region's load balancer is *deployed* (one object for the Serve ingress and the s
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, FrozenSet, Literal, Optional
+from typing import Any, Dict, FrozenSet, List, Literal, Optional
 
 from pydantic import Field, field_validator
 
@@ -118,6 +118,13 @@ class RegionLayerSettings(_Strict):
     * ``heartbeat_period_s`` -- each LB sends its heartbeat to the registry and reads the peer table
       back in one call, once per period (Serve: ``RegistryOptions.period_s``, ``RegistryClient``; the
       simulator: the same ``RegistryState`` in one region, each leg paying the one-way delay);
+    * ``registry_standbys`` -- regions that run a standby registry beside the primary one (the home
+      region's). Each LB sends each heartbeat to every registry and applies every table it gets back; a
+      peer's state is the freshest any registry reported (``RegionRouter.update_peer`` keeps the newer
+      timestamp), so the regions keep forwarding through the loss of any one registry's region, and no
+      failover or fail-back decision exists to go wrong after a partition heals. The primary alone mirrors
+      the regional snapshot (Serve: ``RegistryOptions.standbys``, ``PeerMesh``; the simulator:
+      ``RegionLB.on_heartbeat``). Empty by default: one registry;
     * ``rtt_probe_period_s`` -- each LB pings its peers one after another, then waits this long; the
       samples feed ``RegionRouter.observe_rtt`` and travel to the peers through the registry (the
       heartbeat's ``PeerState.rtt_s``: this region's measurement, else the peer's, else unknown);
@@ -146,6 +153,10 @@ class RegionLayerSettings(_Strict):
 
     peer_stale_s: float = Field(2.0, gt=0, description="a peer heartbeat older than this is ignored")
     heartbeat_period_s: float = Field(0.25, gt=0, description="heartbeat + peer-table read through the registry")
+    registry_standbys: List[str] = Field(
+        default_factory=list,
+        description="regions that run a standby registry beside the primary: each heartbeat goes to every "
+                    "registry and every table is applied, a peer's freshest state winning")
     rtt_probe_period_s: float = Field(1.0, gt=0, description="pause between two rounds of RTT probes")
     note_forwards: bool = Field(True, description="count each forward in the peer's queue until the next table")
     forward_past_queue: bool = Field(True, description="a request behind waiting ones may still be forwarded")
@@ -160,6 +171,16 @@ class RegionLayerSettings(_Strict):
             "skylb_ch": {"remote": "ring"},
         },
         description="local policy -> TwoLayerConfig fields of its region layer (others: the prefix selector)")
+
+    @field_validator("registry_standbys")
+    @classmethod
+    def _check_standbys(cls, v):
+        for r in v:
+            if not re.match(REGION_PATTERN, r):
+                raise ValueError(f"registry_standbys: invalid region name {r!r}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"registry_standbys lists a region twice: {v}")
+        return v
 
     def two_layer(self, policy: Optional[str] = None) -> Dict[str, Any]:
         """The ``TwoLayerConfig`` fields (no ``region``) of a region LB whose local policy is ``policy``

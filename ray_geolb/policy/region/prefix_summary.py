@@ -61,7 +61,7 @@ class SummarySendRule:
     and at least one every ``refresh_s`` (a restarted registry holds none). The registry keeps a
     region's last summary until a newer one replaces it and relays it in every table
     (``prefix_summaries``). The Serve ingress (``PeerMesh.heartbeat``) and the simulator's LB
-    (``Simulator._on_heartbeat``) both send by this rule, through the same registry code."""
+    (``RegionLB.on_heartbeat``) both send by this rule, through the same registry code."""
 
     def __init__(self, refresh_s: float = SUMMARY_REFRESH_S):
         self.refresh_s = float(refresh_s)

@@ -9,11 +9,12 @@ LBs from (``tests/sim/test_simulator_runs_the_serve_region_layer_config.py`` com
 
 from __future__ import annotations
 
-from typing import Dict, Literal, Optional
+from typing import Dict, List, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from ray_geolb.policy.region import REGION_LAYER, CostSelectorConfig, TwoLayerConfig
+from ray_geolb.policy.region.config import RegionLayerSettings
 from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE
 
 __all__ = ["INGRESS_DEPLOYMENT", "IngressConfig", "RegistryOptions"]
@@ -30,6 +31,17 @@ class RegistryOptions(BaseModel):
     period_s: float = Field(REGION_LAYER.heartbeat_period_s, gt=0)
     timeout_s: float = Field(1.0, gt=0)
     config: Optional[dict] = None  # RegistryState kwargs if this ingress creates the actor
+    #: regions that run a standby registry beside this one, each its own actor (``standby_name``): every
+    #: heartbeat goes to each, every table is applied (``REGION_LAYER.registry_standbys``; registry_client.py)
+    standbys: List[str] = Field(default_factory=lambda: list(REGION_LAYER.registry_standbys))
+    #: create each standby pinned to its region's nodes (``build_region_apps``: as its ``pin_to_region``)
+    pin_standbys: bool = True
+
+    @field_validator("standbys")
+    @classmethod
+    def _check_standbys(cls, v):
+        RegionLayerSettings(registry_standbys=v)  # one rule for names and duplicates (a ValueError names it)
+        return v
 
 
 class IngressConfig(BaseModel):

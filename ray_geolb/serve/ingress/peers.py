@@ -40,7 +40,9 @@ from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.snapshot_sync import SnapshotWriter
 from ray_geolb.serve.clock import policy_now
+from ray_geolb.serve.emulated import REGION_LABEL
 from ray_geolb.serve.latency import LatencyInjector
+from ray_geolb.serve.registry import standby_name
 from ray_geolb.serve.registry_client import RegistryClient
 
 from .config import INGRESS_DEPLOYMENT, IngressConfig
@@ -93,9 +95,12 @@ class PeerMesh:
         loop = asyncio.get_running_loop()
         if cfg.registry is not None:
             r = cfg.registry
+            standbys = [(standby_name(r.name, where), {REGION_LABEL: where} if r.pin_standbys else None)
+                        for where in r.standbys]
             self.registry = RegistryClient(self.region, self.source, self.heartbeat, self._on_table,
                                            name=r.name, namespace=r.namespace, period_s=r.period_s,
-                                           timeout_s=r.timeout_s, registry_config=r.config, clock=self._clock)
+                                           timeout_s=r.timeout_s, registry_config=r.config, clock=self._clock,
+                                           standbys=standbys, on_standby_table=self._on_standby_table)
             self.registry.start()
             self._tasks.append(loop.create_task(self._load_snapshot()))
         if cfg.peers:
@@ -167,12 +172,22 @@ class PeerMesh:
             logger.debug("region %s: prefix summary skipped this heartbeat: %r", self.region, e)
             return None
 
-    def _on_table(self, table: dict, made_at: float) -> None:
+    def _apply_peers(self, table: dict, made_at: float) -> None:
+        """Every peer's state in ``table``; one older than what the router holds (from another registry)
+        is ignored by ``RegionRouter.update_peer``."""
         for ps in peer_states_from_table(table, made_at, self.region):
             if ps.region in self.cfg.peers:
                 self.router.update_peer(ps)
                 if self.circuit_open(ps.region):
                     self.router.mark_unreachable(ps.region)
+
+    def _on_standby_table(self, table: dict, made_at: float) -> None:
+        """A standby registry's table: its peers only (the snapshot is the primary's business)."""
+        self._apply_peers(table, made_at)
+        self._on_peers_changed()
+
+    def _on_table(self, table: dict, made_at: float) -> None:
+        self._apply_peers(table, made_at)
         w = self.snapshot_writer
         w.acknowledge((table.get("snapshot_acks") or {}).get(self.source))
         if not w.in_sync() and (w.version or self.router.snapshot.num_nodes):
