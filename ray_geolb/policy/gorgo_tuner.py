@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
@@ -81,6 +82,18 @@ def check_ranges(ranges: Dict[str, Tuple[float, float]]) -> Dict[str, Tuple[floa
     return out
 
 
+#: the largest x whose exp is a finite float
+_MAX_EXP_ARG = math.log(sys.float_info.max)
+
+
+def _exp(x: float) -> float:
+    """``exp(x)``, or infinity past the float range (``math.exp`` raises OverflowError there). The 1/5 rule
+    can grow sigma without bound over a long run (the authors' 10,000 steps, success shares above 1/5);
+    a step that large now lands on the weight box's edge once clipped (as with numpy's exp, which returns
+    inf) instead of raising inside the router. Every step inside the float range is unchanged."""
+    return math.exp(x) if x < _MAX_EXP_ARG else math.inf
+
+
 class EvolutionStrategy:
     """(1+1)-ES in log space with Rechenberg's 1/5 success rule (see the module docstring)."""
 
@@ -120,7 +133,7 @@ class EvolutionStrategy:
         if self.done():
             return None
         gauss = self._rng.gauss
-        return {k: self._clip(k, math.exp(math.log(max(self.best[k], 1e-300)) + self.sigma * gauss(0.0, 1.0)))
+        return {k: self._clip(k, _exp(math.log(max(self.best[k], 1e-300)) + self.sigma * gauss(0.0, 1.0)))
                 for k in self.keys}
 
     def report(self, candidate: Dict[str, float], score: float) -> bool:

@@ -79,6 +79,24 @@ def test_es_acceptance_and_one_fifth_rule_follow_the_authors_code():
         EvolutionStrategy({"w": 1.0}, {"w": (0.0, 1.0)})
 
 
+def test_a_step_past_the_float_range_lands_on_the_box_edge_instead_of_raising():
+    """Over a long run the 1/5 rule can grow sigma without bound (a simulated us outage did: OverflowError in
+    ``math.exp``). Such a step is clipped to the weight's box, up or down, and the search goes on."""
+    es = EvolutionStrategy({"w": 1.0, "v": 2.0}, {"w": (0.1, 10.0), "v": (0.5, 4.0)}, sigma=0.5, seed=1,
+                           max_steps=10_000)
+    es.report(es.propose(), -1.0)
+    seen = set()
+    for _ in range(64):
+        es.sigma = 1e6  # where the rule took it (each failed report shrinks it again)
+        cand = es.propose()
+        assert set(cand) == {"w", "v"} and 0.1 <= cand["w"] <= 10.0 and 0.5 <= cand["v"] <= 4.0
+        seen.add(cand["w"])
+        es.report(cand, -2.0)
+    assert seen == {0.1, 10.0}  # both edges, nothing in between at that sigma
+    es.sigma = float("inf")
+    assert all(0.1 <= es.propose()["w"] <= 10.0 for _ in range(8))
+
+
 def test_tuner_moves_weights_towards_lower_p95_ttft_and_stays_in_the_box():
     """Synthetic feedback: every request's TTFT is a function of the live weights, lowest at w_rtt = 1.5
     and at the w_load box's floor; from the paper's start (0.5, 0.1) the ES must move w_rtt up and
