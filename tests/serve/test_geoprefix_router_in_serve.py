@@ -269,7 +269,11 @@ def test_replica_killed_mid_run(serve_cluster):
 
     with cf.ThreadPoolExecutor(24) as ex:
         futs = [ex.submit(call, i) for i in range(24)]
-        time.sleep(0.5)
+        # kill once the router has a request in flight on the victim (a fixed sleep raced a loaded machine)
+        deadline = time.time() + 20
+        while not any(t == victim_id for t, _req, _at in list(r.book.inflight.values())):
+            assert time.time() < deadline, f"no request reached replica {victim_id}: {r.local_replica_ids()}"
+            time.sleep(0.02)
         ray.kill(victim, no_restart=True)
         results = [f.result(timeout=120) for f in futs]
     assert len(results) == 24
