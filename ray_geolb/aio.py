@@ -1,10 +1,12 @@
-"""asyncio helpers shared by ``engine/`` and ``serve/``: :func:`wait_or_timeout`, a timer, not ``wait_for``."""
+"""asyncio helpers shared by ``engine/`` and ``serve/``: :func:`wait_or_timeout` and :func:`within`, timeouts
+that never swallow a cancellation, unlike ``asyncio.wait_for`` on Python <= 3.11."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Awaitable, Optional
 
-__all__ = ["wait_or_timeout"]
+__all__ = ["wait_or_timeout", "within"]
 
 
 async def wait_or_timeout(ev: asyncio.Event, timeout: float) -> bool:
@@ -26,3 +28,18 @@ async def wait_or_timeout(ev: asyncio.Event, timeout: float) -> bool:
     finally:
         timer.cancel()
     return not timed_out
+
+
+async def within(aw: Awaitable[Any], timeout: Optional[float]) -> Any:
+    """``await aw``, raising ``asyncio.TimeoutError`` (and cancelling ``aw``) after ``timeout`` seconds; None: no
+    bound. Cancellable at any moment: a cancellation of the caller always propagates. Not ``asyncio.wait_for``:
+    on Python <= 3.11 it returns ``aw``'s result -- swallowing the cancellation -- when ``aw`` finishes in the
+    same loop turn as the cancellation arrives, and a loop awaiting it (a registry client, an RTT prober) then
+    went on ticking after it was cancelled: its stop, and an event loop's shutdown, waited for ever."""
+    if timeout is None:
+        return await aw
+    timer = getattr(asyncio, "timeout", None)  # Python >= 3.11
+    if timer is None:
+        return await asyncio.wait_for(aw, timeout)
+    async with timer(timeout):
+        return await aw

@@ -33,6 +33,7 @@ import os
 import time
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
+from ray_geolb.aio import within
 from ray_geolb.policy.region.peer_table import peer_states_from_table
 from ray_geolb.policy.region.registry_state import SECRET_ENV, logger, registry_leg
 from ray_geolb.serve.clock import policy_now
@@ -45,7 +46,7 @@ class _StandbyLink:
     """One standby registry: its actor, the call in flight, the one-way delay its heartbeats declare."""
 
     __slots__ = ("name", "label_selector", "handle", "task", "delay_s", "successes", "failures",
-                 "consecutive_failures", "last_error")
+                 "consecutive_failures", "last_error", "resolves")
 
     def __init__(self, name: str, label_selector: Optional[dict]):
         self.name = name
@@ -57,10 +58,26 @@ class _StandbyLink:
         self.failures = 0
         self.consecutive_failures = 0
         self.last_error: Optional[str] = None
+        self.resolves = 0
 
     def status(self) -> dict:
         return {"connected": self.successes > 0 and self.consecutive_failures == 0,
-                "successes": self.successes, "failures": self.failures, "last_error": self.last_error}
+                "successes": self.successes, "failures": self.failures, "resolves": self.resolves,
+                "last_error": self.last_error}
+
+
+def _count_failure(link, error: Exception, reresolve_after: int, what: str, source: str) -> bool:
+    """Book one failed registry call on ``link`` (the client itself or a :class:`_StandbyLink`: both count
+    ``failures``, ``consecutive_failures`` and ``last_error``) and log the 1st, 10th and every 100th in a
+    row. True when the link should drop its actor handle and re-resolve the name (it may have been
+    re-created)."""
+    link.failures += 1
+    link.consecutive_failures += 1
+    link.last_error = f"{type(error).__name__}: {error}"[:300]
+    n = link.consecutive_failures
+    if n in (1, 10) or n % 100 == 0:
+        logger.warning("%s unreachable from %s (%d failures in a row): %s", what, source, n, link.last_error)
+    return n % reresolve_after == 0
 
 
 class RegistryClient:
@@ -160,7 +177,7 @@ class RegistryClient:
             "since_last_ok_s": None if self.last_ok is None else round(now - self.last_ok, 3),
             "successes": self.successes,
             "failures": self.failures,
-            "resolves": self.resolves,
+            "resolves": self.resolves,  # the primary's; each standby counts its own
             "last_error": self.last_error,
             "refused": self.refused,
             "last_refusal": self.last_refusal,
@@ -182,15 +199,14 @@ class RegistryClient:
             return ray.get_actor(name, namespace=self.namespace)
 
         # get_actor / actor creation are blocking GCS calls: keep them off the event loop.
-        handle = await asyncio.wait_for(loop.run_in_executor(None, get), self.timeout_s * 5)
-        self.resolves += 1
-        return handle
+        return await within(loop.run_in_executor(None, get), self.timeout_s * 5)
 
     async def call(self, method: str, *args):
         """One registry call with a timeout (resolving the actor first if needed). ``last_call_s`` is then
         the call's round trip, resolution left out."""
         if self._handle is None:
             self._handle = await self._resolve()
+            self.resolves += 1
         out, self.last_call_s = await self._timed(self._handle, method, *args)
         return out
 
@@ -199,7 +215,7 @@ class RegistryClient:
         t0 = self._clock()
         ref = getattr(handle, method).remote(*args)
         try:
-            out = await asyncio.wait_for(ref, self.timeout_s)
+            out = await within(ref, self.timeout_s)
             return out, max(0.0, self._clock() - t0)
         except asyncio.TimeoutError:
             import ray
@@ -222,14 +238,8 @@ class RegistryClient:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - unreachable/restarting registry: degrade, retry
-            self.failures += 1
-            self.consecutive_failures += 1
-            self.last_error = f"{type(e).__name__}: {e}"[:300]
-            if self.consecutive_failures % self.reresolve_after == 0:
-                self._handle = None  # re-resolve the named actor (it may have been re-created)
-            if self.consecutive_failures in (1, 10) or self.consecutive_failures % 100 == 0:
-                logger.warning("registry unreachable from %s (%d failures in a row): %s",
-                               self.source, self.consecutive_failures, self.last_error)
+            if _count_failure(self, e, self.reresolve_after, "registry", self.source):
+                self._handle = None
             return False
         received = self._clock()
         self.successes += 1
@@ -259,18 +269,13 @@ class RegistryClient:
         try:
             if link.handle is None:
                 link.handle = await self._resolve(link.name, link.label_selector)
+                link.resolves += 1
             table, round_trip = await self._timed(link.handle, "heartbeat_batch", [hb])
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - a standby down or restarting: the others carry on
-            link.failures += 1
-            link.consecutive_failures += 1
-            link.last_error = f"{type(e).__name__}: {e}"[:300]
-            if link.consecutive_failures % self.reresolve_after == 0:
+            if _count_failure(link, e, self.reresolve_after, f"standby registry {link.name}", self.source):
                 link.handle = None
-            if link.consecutive_failures in (1, 10) or link.consecutive_failures % 100 == 0:
-                logger.warning("standby registry %s unreachable from %s (%d failures in a row): %s", link.name,
-                               self.source, link.consecutive_failures, link.last_error)
             return
         link.successes += 1
         link.consecutive_failures = 0

@@ -36,6 +36,7 @@ import asyncio
 import logging
 import uuid
 
+from ray_geolb.aio import within
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import RegionDecision
 from ray_geolb.serve.clock import policy_now
@@ -96,7 +97,7 @@ class Forwarding:
             return await self._forward_stream(h, peer, ctx, fmeta, d, method, extra)
         resp = getattr(h, method).remote(dict(ctx.body), fmeta, *extra)
         try:
-            meta, res = await asyncio.wait_for(resp, wait_bound(min(self.cfg.forward_timeout_s, ctx.remaining_s())))
+            meta, res = await within(resp, wait_bound(min(self.cfg.forward_timeout_s, ctx.remaining_s())))
         except asyncio.TimeoutError:
             # reached and working on it, or silent: typed, never retried elsewhere (no double serving)
             cancel_quietly(resp)
@@ -132,7 +133,7 @@ class Forwarding:
         relay = self.peers.latency.relay(gen, peer, self.region)
         left = ctx.remaining_s()
         try:
-            meta = await asyncio.wait_for(relay.__anext__(), wait_bound(min(self.cfg.first_token_timeout_s, left)))
+            meta = await within(relay.__anext__(), wait_bound(min(self.cfg.first_token_timeout_s, left)))
         except BaseException as e:  # CancelledError too: the peer must stop working on it
             await aclose_quietly(relay)
             cancel_quietly(gen)

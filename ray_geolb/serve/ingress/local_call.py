@@ -21,6 +21,7 @@ from typing import Optional
 
 from ray.exceptions import RayActorError
 
+from ray_geolb.aio import within
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region import RegionDecision
 from ray_geolb.serve.clock import policy_now
@@ -97,7 +98,7 @@ class LocalCalls:
     async def _run_local_call(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         t0 = policy_now()
         try:
-            res = await asyncio.wait_for(self.llm.complete(ctx, slot.call_id), wait_bound(ctx.remaining_s()))
+            res = await within(self.llm.complete(ctx, slot.call_id), wait_bound(ctx.remaining_s()))
         except asyncio.TimeoutError:  # the call is cancelled (complete() cancels its stream)
             raise self._deadline_exceeded(ctx, self.region) from None
         finally:
@@ -115,7 +116,7 @@ class LocalCalls:
             gen = self.llm.stream(ctx, slot.call_id)
             left = ctx.remaining_s()
             try:
-                first = await asyncio.wait_for(gen.__anext__(), wait_bound(min(self.cfg.first_token_timeout_s, left)))
+                first = await within(gen.__anext__(), wait_bound(min(self.cfg.first_token_timeout_s, left)))
             except StopAsyncIteration:
                 first = NO_TOKEN
             except asyncio.TimeoutError:

@@ -34,6 +34,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray import serve
 
+from ray_geolb.aio import within
 from ray_geolb.policy.region import PeerState, RegionRouter
 from ray_geolb.policy.region.heartbeat import heartbeat_message
 from ray_geolb.policy.region.peer_table import peer_states_from_table
@@ -225,10 +226,10 @@ class PeerMesh:
     async def _probe(self, peer: str) -> None:
         """One RTT sample to ``peer`` (through the injected latency), fed to ``RegionRouter.observe_rtt``."""
         if peer not in self._handles:  # warm-up call: the first one pays handle setup
-            await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
+            await within(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
         t0 = time.monotonic()  # a duration: the process's monotonic clock
         await self.latency.hop(self.region, peer)
-        await asyncio.wait_for(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
+        await within(self.handle(peer).ping.remote(), PING_TIMEOUT_S)
         await self.latency.hop(peer, self.region)
         self.router.observe_rtt(peer, time.monotonic() - t0)
         self.reachable(peer)

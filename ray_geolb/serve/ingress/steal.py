@@ -36,6 +36,7 @@ import json
 import logging
 from typing import Any, Dict, Optional, Set, Tuple
 
+from ray_geolb.aio import within
 from ray_geolb.policy.base import RouteRequest
 from ray_geolb.policy.region.steal import StealOffer, StealOfferError
 from ray_geolb.serve.clock import policy_now
@@ -130,7 +131,7 @@ class Stealing:
             latency = self.peers.latency
             h = self.peers.handle(peer)
             await latency.hop(self.region, peer)
-            ans = await asyncio.wait_for(h.steal_offer.remote(wire), OFFER_TIMEOUT_S)
+            ans = await within(h.steal_offer.remote(wire), OFFER_TIMEOUT_S)
             await latency.hop(peer, self.region)
             if isinstance(ans, dict) and "error" not in ans:
                 thief.answered(peer, offer.offer_id, int(ans["handed"]), int(ans["queue_left"]))

@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 from typing import Optional
 
+from ray_geolb.aio import within
+
 from .errors import GeoHTTPError
 
 __all__ = ["NO_TOKEN", "TokenStream", "aclose_quietly", "cancel_quietly"]
@@ -87,7 +89,7 @@ class TokenStream:
         try:
             if self._idle is None:
                 return self._handed_out(await self._source.__anext__())
-            return self._handed_out(await asyncio.wait_for(self._source.__anext__(), self._idle))
+            return self._handed_out(await within(self._source.__anext__(), self._idle))
         except asyncio.TimeoutError:
             await self.aclose()
             raise GeoHTTPError(504, f"{self._where}: no token for {self._idle:g} s (stream_idle_timeout_s)",
