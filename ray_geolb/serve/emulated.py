@@ -40,11 +40,11 @@ from ray_geolb.engine.profiles import get_profile
 from ray_geolb.engine.tokens import prompt_blocks
 from ray_geolb.policy import canonical_text
 from ray_geolb.serve import request_of_call
+from ray_geolb.serve.local import REGION_LABEL  # the node label a region's nodes carry (one definition)
 
 __all__ = ["RAN_IDS_KEPT", "REGION_LABEL", "REGION_OPTIONS_KEY", "TTFT_SAMPLES_PER_REPORT", "EmulatedEngine",
            "EmulatedEngineServer", "emulated_deployment", "replica_id", "replica_region"]
 
-REGION_LABEL = "ray.io/availability-region"
 #: ``LLMConfig.experimental_configs`` key of a server's region (``{"region": ..., "regions": [...]}``)
 REGION_OPTIONS_KEY = "geolb"
 #: how many request ids an engine keeps in its count of the calls it ran (``ran_request_ids``)

@@ -18,6 +18,7 @@ import socket
 import tempfile
 from typing import Iterator, List, Optional
 
+#: the node label that names a node's region, here as on a real cluster (``ray up`` sets it per node type)
 REGION_LABEL = "ray.io/availability-region"
 
 
