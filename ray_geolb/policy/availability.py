@@ -371,7 +371,7 @@ class LoadTracker:
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
         if self.share[1] > 1:
-            st.credits, st.kv_budget = self._shared(target, st.credits, st.kv_budget)
+            st.credits, st.kv_budget = self._shared(target, st.credits, st.kv_budget, stats.timestamp)
         if stats.num_waiting > 0 and self.stale_report_s is not None:
             self._check_frozen(st, stats.timestamp)
         self._refresh(target, st)
@@ -415,17 +415,35 @@ class LoadTracker:
     def set_share(self, rank: int, n: int) -> None:
         """This router is router ``rank`` of ``n`` routers over the same replicas (several ingress
         replicas of a region): from the next report on, it takes its share of each report's headroom --
-        ``slots // n``, plus one of the ``slots % n`` left over for ``n`` routers in turn (which ones
-        rotates with the replica, by a stable hash), and ``1/n`` of the KV budget -- so the ``n``
-        routers together grant exactly the report's slots, never one twice. ``(0, 1)``: all of it."""
+        ``slots // n``, plus one of the ``slots % n`` left over for ``n`` routers in turn, and ``1/n`` of
+        the KV budget -- so the ``n`` routers together grant exactly the report's slots, never one twice.
+        Which routers get the left-over slots rotates with the replica (a stable hash of its id) and with
+        the report (its measurement time, which every router receives alike): near saturation a report
+        has fewer free slots than there are routers, and a fixed choice would leave the same routers
+        without a slot of that replica for ever. ``(0, 1)``: all of it."""
         if not (isinstance(n, int) and n >= 1 and isinstance(rank, int) and 0 <= rank < n):
             raise ValueError(f"headroom share: need 0 <= rank < n, got rank={rank!r}, n={n!r}")
         self.share = (rank, n)
 
-    def _shared(self, target: Hashable, slots: int, kv: Optional[float]):
+    def lend_slot(self, target: Hashable, to: "LoadTracker") -> bool:
+        """Move one unused request slot that the last report granted this router at ``target`` to a sibling
+        router's tracker over the same target (another ingress replica of the region, ``set_share``): the
+        region's routers together still grant no more than the report had free. False (nothing moved) when
+        this router has no such slot free there, or either side does not track the target under SP-P."""
+        st, other = self._t.get(target), to._t.get(target)
+        if st is None or other is None or self.mode != "sp-p" or to.mode != "sp-p" or st.free <= 0 \
+                or st.credits <= 0:
+            return False
+        st.credits -= 1
+        self._refresh(target, st)
+        other.credits += 1
+        to._refresh(target, other)
+        return True
+
+    def _shared(self, target: Hashable, slots: int, kv: Optional[float], measured_at: float = 0.0):
         rank, n = self.share
         base, extra = divmod(slots, n)
-        turn = (rank - zlib.crc32(str(target).encode())) % n
+        turn = (rank - zlib.crc32(str(target).encode()) - int(measured_at * 1000.0)) % n
         return base + (1 if turn < extra else 0), (None if kv is None else kv / n)
 
     def _headroom(self, s: ReplicaStats):

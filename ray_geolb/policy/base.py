@@ -258,6 +258,15 @@ class Policy:
         if target in self._target_set:
             self.tracker.on_stats(target, stats)
 
+    def learn_sibling_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
+        """A sibling router (another ingress replica over the same targets) sent ``req`` to ``target``:
+        record it in this router's prefix index as if this router had sent it, with no load accounting
+        (the sibling counts the request; the replicas' reports carry its load to every router). A policy
+        without a prefix index keeps nothing."""
+        idx = self.index
+        if idx is not None and target in self._target_set:
+            idx.insert(req.prepared_for(idx), target, now)
+
     def observe_ttft(self, target: Hashable, uncached_tokens: float, ttft_s: float) -> None:
         """A TTFT measured at ``target`` for a request with ``uncached_tokens`` prompt tokens to
         prefill (reported by the replica, e.g. ``ReplicaStats.ttft_samples``). Policies with an online

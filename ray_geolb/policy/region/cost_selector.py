@@ -94,10 +94,13 @@ class CostSelector(PeerSelector):
         return self.local_t_p(router)
 
     def local_queue_tokens(self, router, req) -> float:
-        """Prompt tokens ahead of a new request here: this LB's queue plus the local engines' backlog."""
+        """Prompt tokens ahead of a new request here: this LB's queue plus the local engines' backlog. With
+        ``n`` routers sharing the replicas (``Policy.headroom_share``), this LB's queue drains at ``1/n`` of
+        the region's rate, so it weighs ``n`` times in the region's backlog (the engines' is whole)."""
         mean = self._mean_prompt(router, req)
         q = router.queued_tokens if router.queued_tokens is not None else router.queue_len * mean
-        return q + self.engine_queued_tokens(router, mean)
+        n = router.local.headroom_share[1]
+        return (q * n if n > 1 else q) + self.engine_queued_tokens(router, mean)
 
     @staticmethod
     def engine_queued_tokens(router, mean: float, reported_share: float = 1.0) -> float:
@@ -146,7 +149,7 @@ class CostSelector(PeerSelector):
         self.last_own_stay_s = wait + residual  # this request's own TTFT part (the SLO guard's estimate)
         c = cfg.w_prefill * residual + cfg.q_hat * wait
         if cfg.w_shared and shared:
-            c += cfg.w_shared * residual * self._inflight(router) / n
+            c += cfg.w_shared * residual * self.region_inflight(router) / n
         w = self.slot_wait_s(router, now) if cfg.stay_slot_wait and not local.tracker.available else 0.0
         self.last_slot_wait_s = w
         return c + cfg.q_hat * w if w else c
@@ -162,6 +165,24 @@ class CostSelector(PeerSelector):
         out = router.local.tracker.outstanding
         return sum(out(t) for t in router.local.targets)
 
+    @classmethod
+    def region_inflight(cls, router) -> int:
+        """The region's requests in flight at its replicas, as staying prices them. One router: its own count.
+        With ``n`` routers sharing the replicas (``Policy.headroom_share``): what each replica last reported
+        running and waiting (every router's requests), plus the dispatches since that report, this router's
+        times ``n`` (requests reach the routers evenly). A heartbeat reports this router's own count: the
+        registry adds a region's sources up."""
+        n = router.local.headroom_share[1]
+        own = cls._inflight(router)
+        if n == 1:
+            return own
+        tracker = router.local.tracker
+        total = 0
+        for t in router.local.targets:
+            s = tracker.stats(t)
+            seen = (s.num_running + s.num_waiting) if s is not None else 0
+            total += seen + n * tracker.unseen(t)
+        return total
     def remote_wait(self, router, req, region: str, now: float) -> float:
         cfg = self.config
         p = router.peers[region]

@@ -332,3 +332,8 @@ class RegionRouter:
         self.snapshot.insert(req.prepared_for(self.snapshot), region, now)
         if self.selector is not None:
             self.selector.on_forward(req, region, now)
+
+    def learn_sibling_forward(self, req: RouteRequest, region: str, now: float) -> None:
+        """A sibling router of this region (another ingress replica) forwarded ``req`` to ``region``: record it
+        in the regional snapshot as if this router had (no forward accounting: the sibling did the forward)."""
+        self.snapshot.insert(req.prepared_for(self.snapshot), region, now)
