@@ -112,6 +112,18 @@ class DeploymentSpec:
     system: str = ""
     rtt_aware: bool = False
     standby_region: Optional[str] = None
+    #: routers per region (Serve: the region app's ``ingress_replicas``): each a separate policy over the
+    #: region's replicas with a 1/N headroom share, its own hold queue, heartbeat source and RTT probes; a
+    #: request reaches one of them at random (sim/region_lb.py's module docstring). Per-region LBs only.
+    ingress_replicas: int = 1
+    #: with several routers per region: each router's prefix-index inserts reach its sibling routers this many
+    #: seconds later (a per-region channel), so they share one affinity view; None: each keeps its own tree.
+    #: A design candidate measured in the simulator (benchmarks/bench_ingress_replicas.py), not run in Serve.
+    sibling_inserts_s: Optional[float] = None
+    #: with several routers per region: a router with no free local slot borrows the unused slots its siblings
+    #: hold (``LoadTracker.lend_slot``) at once -- the upper bound of one load view per region, measured in the
+    #: simulator, not run in Serve. False: each keeps its share of each report.
+    sibling_headroom: bool = False
     #: the region layer's settings: ``REGION_LAYER`` with ``region_layer``'s changes (set by the constructor)
     settings: RegionLayerSettings = field(init=False, repr=False, compare=False)
 
@@ -155,6 +167,15 @@ class DeploymentSpec:
             if r not in self.network or r == primary:
                 raise ValueError(f"region_layer.registry_standbys: {r!r} must be a region of the network "
                                  f"{self.network.regions} other than the primary registry's, {primary!r}")
+        n = self.ingress_replicas
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"ingress_replicas must be a positive integer, got {n!r}")
+        s = self.sibling_inserts_s
+        if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < float("inf")):
+            raise ValueError(f"sibling_inserts_s must be None or a finite number of seconds >= 0, got {s!r}")
+        if n > 1 and not self.ingress_lbs:
+            raise ValueError(f"ingress_replicas={n}: several routers per region need per-region LBs "
+                             f"(lb_kind 'per-region' or 'region-local'), not {self.lb_kind!r}")
         if self.standby_region is not None:
             if self.lb_kind != "central":
                 raise ValueError("standby_region applies to a central LB only (per-region systems fail over to "
@@ -221,6 +242,9 @@ class DeploymentSpec:
             "region_layer": self.settings.model_dump() if self.ingress_lbs else None,
             "rtt_aware": self.rtt_aware,
             **({"standby_region": self.standby_region} if self.standby_region is not None else {}),
+            **({"ingress_replicas": self.ingress_replicas} if self.ingress_replicas > 1 else {}),
+            **({"sibling_inserts_s": self.sibling_inserts_s} if self.sibling_inserts_s is not None else {}),
+            **({"sibling_headroom": True} if self.sibling_headroom else {}),
             "network_rtt_ms": {f"{a}-{b}": self.network.rtt_ms(a, b)
                                for i, a in enumerate(self.network.regions)
                                for b in self.network.regions[i + 1:]},

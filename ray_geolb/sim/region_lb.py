@@ -13,6 +13,12 @@ is :func:`~ray_geolb.policy.region.heartbeat.heartbeat_message`, as Serve's ``Pe
 RTT probes. The simulator (``sim`` below) owns the clock, the event heap, the replicas, the registry and
 the clients; the LB reaches them through ``sim.now``, ``sim.push``, ``sim.one_way``, ``sim.count``,
 ``sim.refuse`` (a refusal: the client retries) and ``sim.reject`` (a rejection: its program goes on).
+
+A region may have several LBs (``DeploymentSpec.ingress_replicas``: its ingress replicas' routers): each
+has a share of the local replicas' headroom; whatever reaches the region (``sim.lb_of``: a client's request,
+a peer's forward, a steal offer or hand-over) reaches one of them. With ``sibling_inserts_s`` they learn
+each other's dispatches and forwards through ``sim.sibling_logs``; with ``sibling_headroom`` they lend each
+other unused slots (docs/design.md section 8).
 """
 
 from __future__ import annotations
@@ -57,6 +63,11 @@ class LBDriver(Protocol):
     c: Dict[str, Any]
     trace: Any
     lbs: Dict[str, "RegionLB"]
+    region_lbs: Dict[str, List["RegionLB"]]
+    #: region -> its routers' prefix inserts in order, (visible at, router, request, target or peer region,
+    #: forward?); empty unless they share them (DeploymentSpec.sibling_inserts_s)
+    sibling_logs: Dict[str, list]
+    dep: Any
     replicas: Dict[str, Any]
     registry_region: Optional[str]
     registries: Dict[str, Any]
@@ -73,6 +84,8 @@ class LBDriver(Protocol):
 
     def reject(self, req, reason: str) -> None: ...
 
+    def lb_of(self, region: str) -> "RegionLB": ...
+
 
 def _prompt_tokens(req) -> int:
     return req.prompt
@@ -83,7 +96,7 @@ class RegionLB:
     (per-region and region-local LBs); False: a central LB."""
 
     __slots__ = ("sim", "name", "region", "router", "queue", "peers", "policy", "ingress", "rule", "reg_delay",
-                 "summary_rule", "thief", "victim", "down")
+                 "summary_rule", "thief", "victim", "down", "log_pos")
 
     def __init__(self, sim: LBDriver, name: str, region: str, router: RegionRouter, ingress: bool = False):
         self.sim = sim
@@ -108,6 +121,8 @@ class RegionLB:
         self.victim = router.victim if ingress else None
         #: in a region outage (sim/faults.py)
         self.down = False
+        #: how far it has read its region's shared log of sibling inserts (``sim.sibling_logs``)
+        self.log_pos = 0
 
     # ------------------------------------------------------------------ the queue
     def on_arrive(self, req) -> None:
@@ -137,8 +152,41 @@ class RegionLB:
         """The region layer's decision for ``req`` with ``ahead`` requests (``ahead_tokens`` prompt tokens)
         waiting before it here -- the cost selector's ``Q_lb`` and the slot wait's ``ahead``."""
         router = self.router
+        now = self.sim.now
+        log = self.sim.sibling_logs.get(self.region)
+        if log is not None:
+            self._learn_from_siblings(log, now)
+        if not self.policy.tracker.available and self.sim.dep.sibling_headroom:
+            self._borrow_from_siblings()
         router.set_queue(ahead, float(ahead_tokens))
-        return router.decide(req.rreq, self.sim.now)
+        return router.decide(req.rreq, now)
+
+    def _borrow_from_siblings(self) -> None:
+        """One load view per region, its upper bound (``DeploymentSpec.sibling_headroom``): with no free local
+        slot, take one unused slot of each local replica that a sibling router still holds."""
+        mine = self.policy.tracker
+        for sib in self.sim.region_lbs[self.region]:
+            if sib is not self:
+                theirs = sib.policy.tracker
+                for target in list(theirs.available):
+                    if target not in mine.available and theirs.lend_slot(target, mine):
+                        self.sim.count("slot_borrowed_from_a_sibling_router")
+
+    def _learn_from_siblings(self, log: list, now: float) -> None:
+        """Several routers per region sharing one affinity view (``DeploymentSpec.sibling_inserts_s``): the
+        inserts the siblings made that have reached this router by ``now`` go into its prefix index (a local
+        dispatch) or its regional snapshot (a forward); read before each decision, so the same as applying
+        each when it arrives."""
+        i, policy, router = self.log_pos, self.policy, self.router
+        while i < len(log) and log[i][0] <= now:
+            t, origin, rreq, target, forward = log[i]
+            if origin is not self:
+                if forward:  # a forward: the regional snapshot (which region it went to)
+                    router.learn_sibling_forward(rreq, target, t)
+                else:
+                    policy.learn_sibling_dispatch(rreq, target, t)
+            i += 1
+        self.log_pos = i
 
     def _enqueue(self, req, v: Verdict) -> None:
         """``req`` waits here (FCFS) or, refused by the rule (the ingress's 429), goes back to its client."""
@@ -204,6 +252,9 @@ class RegionLB:
                 trace("local", {"lb": self.name, "req": req.rid, "t": now, "target": d.target,
                                 "policy": self.policy, "hops": req.rreq.hops})
             router.on_dispatch(req.rreq, d.target, now)
+            log = sim.sibling_logs.get(self.region)
+            if log is not None:  # the siblings learn this insert sibling_inserts_s later
+                log.append((now + sim.dep.sibling_inserts_s, self, req.rreq, d.target, False))
             sim.count(f"local:{d.reason or 'local'}")
             if sim.faults is not None and not sim.faults.reaches(self.region, rep.region):
                 sim.faults.call_failed(self, req, rep)  # a replica down or across a cut: nothing reaches it
@@ -217,12 +268,15 @@ class RegionLB:
                 req.cross = True
             sim.push(now + delay, REP_ARRIVE, rep, req)
         elif kind == "forward":
-            peer = sim.lbs[d.target]
+            peer = sim.lb_of(d.target)  # one of the peer region's routers
             if trace is not None:
                 trace("forward", {"lb": self.name, "req": req.rid, "t": now, "target": d.target,
                                   "local_available": len(self.policy.tracker.available),
                                   "ahead": router.queue_len, "queued": len(self.queue)})
             router.on_forward(req.rreq, d.target, now)
+            log = sim.sibling_logs.get(self.region)
+            if log is not None:
+                log.append((now + sim.dep.sibling_inserts_s, self, req.rreq, d.target, True))
             if sim.settings.note_forwards:  # one more in the peer's queue until its next heartbeat
                 router.note_forward(d.target)
             sim.c["forwards"] += 1
@@ -308,8 +362,8 @@ class RegionLB:
             c["steal_offers"] = c.get("steal_offers", 0) + 1
             c["steal_offer_bytes"] = c.get("steal_offer_bytes", 0) + size
             c["steal_offer_bytes_max"] = max(c.get("steal_offer_bytes_max", 0), size)
-            sim.push(sim.now + sim.one_way(self.region, sim.lbs[peer].region), STEAL_OFFER, sim.lbs[peer],
-                     (self, offer))
+            victim_lb = sim.lb_of(peer)  # a call to the peer's ingress reaches one of its routers
+            sim.push(sim.now + sim.one_way(self.region, victim_lb.region), STEAL_OFFER, victim_lb, (self, offer))
 
     def on_steal_offer(self, item) -> None:
         """As a victim: a peer's offer arrives. The picked requests leave the queue first, then travel to
@@ -334,9 +388,11 @@ class RegionLB:
             req.rreq.hops += 1
             req.cross = True
             req.path += delay
-            req.lb = thief_lb
+            # each hand-over is a call to the thief region's ingress: it reaches one of its routers, maybe not the
+            # one that made the offer (which then refuses it); the answer is the offer call's reply, to the offerer
+            to = req.lb = sim.lb_of(thief_lb.region)
             sim.c["steals_handed"] = sim.c.get("steals_handed", 0) + 1
-            sim.push(now + delay, STEAL_ARRIVE, thief_lb, (self, offer.offer_id, req))
+            sim.push(now + delay, STEAL_ARRIVE, to, (self, offer.offer_id, req, thief_lb))
         sim.push(now + delay, STEAL_ANSWER, thief_lb, (self.region, offer.offer_id, len(keys), len(q)))
         if keys:
             self.pump()
@@ -361,9 +417,11 @@ class RegionLB:
     def on_stolen(self, item) -> None:
         """As a thief: a stolen request arrives. Taken: decided like a forwarded request (it can move no
         further); refused (its offer expired or used): it goes back to its victim with the answer."""
-        victim_lb, offer_id, req = item
+        victim_lb, offer_id, req, offerer = item
         sim = self.sim
         taken = self.thief is not None and self.thief.take(victim_lb.region, offer_id, sim.now)
+        if offerer is not self:  # a sibling router's offer (several per region): refused here, as in Serve
+            sim.count("steal_refused_at_a_sibling_router")
         back = sim.one_way(self.region, victim_lb.region)
         sim.push(sim.now + back, STEAL_SETTLE, victim_lb, (self.region, req, taken))
         if taken:
@@ -405,7 +463,7 @@ class RegionLB:
         rtts = router.measured_rtts()
         summary = self.summary_rule.wire(ps.prefix_summary, now)  # as PeerMesh.heartbeat
         primary = sim.registry_region
-        hb = heartbeat_message(self.region, self.region, ps.available_replicas, ps.queue_len, rtts,
+        hb = heartbeat_message(self.region, self.name, ps.available_replicas, ps.queue_len, rtts,
                                extra=ps.extra, prefix_summary=summary, delay_s=self.reg_delay.get(primary))
         if summary is not None:
             size = len(json.dumps(summary, separators=(",", ":")))

@@ -112,8 +112,10 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
     "x-geolb-max-wait-s header": "a client's own, shorter wait limit; no simulated client sends one",
     "RTT probe warm-up call": "Serve's first call to a peer sets up its handle and is not measured; the "
                               "simulator has no handles",
-    "ingress_replicas > 1": "several ingress replicas per region share each report's headroom; the simulator "
-                            "runs one LB per region, as build_region_apps does by default",
+    "ingress_replicas > 1": "simulated with DeploymentSpec.ingress_replicas (docs/design.md section 8), except "
+                            "how Ray's proxy spreads requests over them (here uniformly at random; Ray picks by two "
+                            "choices on in-flight counts); by default one LB per region, as build_region_apps "
+                            "deploys, and never under faults",
     "circuit breaker of an unreachable peer (BREAKER_BACKOFF_S)": "after a failed forward the simulated LB marks "
         "the peer unavailable until its next peer table, not for a backoff; a peer that stopped heartbeating "
         "(down, or across a cut: sim/faults.py) is stale after peer_stale_s anyway",
@@ -259,6 +261,7 @@ class Simulator:
         self.progress = progress
         self.net = deployment.network
         self.rng = random.Random(f"sim:{self.cfg.seed}")
+        self._proxy_rng = random.Random(f"proxy:{self.cfg.seed}")  # which of a region's routers (lb_of)
         self.now = 0.0
         self._heap: list = []
         self._seq = 0
@@ -277,11 +280,11 @@ class Simulator:
             v = self._ow_cache[k] = self.net.one_way_s(a, b)
         return v
 
-    def _policy(self, targets: List[str]):
+    def _policy(self, targets: List[str], rank: int = 0):
         spec = self.dep.policy
         cfg = parse_policy_config(spec)
         if isinstance(spec, str) or (isinstance(spec, dict) and "seed" not in spec):
-            cfg = cfg.model_copy(update={"seed": self.cfg.seed})
+            cfg = cfg.model_copy(update={"seed": self.cfg.seed + 7919 * rank})  # a region's routers differ
         cls = policy_class(cfg.name)
         kw: Dict[str, Any] = {"cache_probe": self._cache_probe}
         if "clock" in inspect.signature(cls.__init__).parameters:
@@ -305,30 +308,26 @@ class Simulator:
                 self.replicas[rid] = _Replica(rid, region, make_engine(self.profile))
                 by_region.setdefault(region, []).append(rid)
         self.settings = dep.settings
-        self.lbs: Dict[str, RegionLB] = {}
+        self.lbs: Dict[str, RegionLB] = {}  # by name: the region's, or "<region>.<k>" with several per region
+        self.region_lbs: Dict[str, List[RegionLB]] = {}  # region -> its routers (DeploymentSpec.ingress_replicas)
+        self.sibling_logs: Dict[str, list] = {}  # region -> its routers' inserts, in order (sibling_inserts_s)
         tl = self._tl = dict(dep.two_layer)
         if dep.lb_kind == "central":
             tl["max_hops"] = 0
-            self.lbs[dep.central_region] = self.central_lb(dep.central_region, f"central@{dep.central_region}")
+            lb = self.lbs[dep.central_region] = self.central_lb(dep.central_region, f"central@{dep.central_region}")
+            self.region_lbs[dep.central_region] = [lb]
         else:
             if dep.lb_kind == "region-local":
                 tl["max_hops"] = 0
-            for region in dep.lb_regions():
-                router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(by_region[region]),
-                                      clock=self._clock)
-                lb = self.lbs[region] = RegionLB(self, region, region, router, ingress=True)
-                for rid in by_region[region]:
-                    self.replicas[rid].lbs.append(lb)
-            for lb in self.lbs.values():
-                lb.peers = [p for p in self.lbs.values() if p is not lb]
-        self._forwarding = dep.lb_kind == "per-region" and len(self.lbs) > 1 and \
+            self._region_routers(dep, tl, by_region)
+        self._forwarding = dep.lb_kind == "per-region" and len(self.region_lbs) > 1 and \
             tl.get("max_hops", 1) >= 1
         self.registry: Optional[RegistryState] = None
         self.registries: Dict[str, RegistryState] = {}
         if self._forwarding:
             # the registries every LB heartbeats to (policy/region/registry_state.py, on the virtual clock):
             # the primary, then any standbys (RegionLayerSettings.registry_standbys)
-            self.registries = {r: RegistryState(clock=self._clock, regions=list(self.lbs))
+            self.registries = {r: RegistryState(clock=self._clock, regions=list(self.region_lbs))
                                for r in dep.registry_regions()}
             self.registry_region = dep.registry_region()
             self.registry = self.registries[self.registry_region]
@@ -352,7 +351,39 @@ class Simulator:
         self._reqs: Dict[str, _Req] = {}
         self.ideal = IdealPrefixCache(self._block_tokens)
         self.load = LoadSampler()
+        if self.cfg.faults and dep.ingress_replicas > 1:
+            raise ValueError("faults with ingress_replicas > 1 are not simulated (the fault model fails a region's "
+                             "one LB and sends its clients to another region's)")
         self.faults: Optional[FaultModel] = FaultModel(self, self.cfg.faults) if self.cfg.faults else None
+
+    def _region_routers(self, dep: DeploymentSpec, tl: dict, by_region: Dict[str, List[str]]) -> None:
+        """The per-region LBs: ``ingress_replicas`` routers per region, router k of n with the k-th share of
+        each report's headroom (``Policy.set_headroom_share``, as GeoPrefixRouter's ``headroom_share="auto"``);
+        each hears every local replica's reports. Peers are the other regions (one LB each stands for it)."""
+        n = dep.ingress_replicas
+        for region in dep.lb_regions():
+            for k in range(n):
+                router = RegionRouter(TwoLayerConfig(region=region, **tl), self._policy(by_region[region], k),
+                                      clock=self._clock)
+                if n > 1:
+                    router.local.set_headroom_share(k, n)
+                name = region if n == 1 else f"{region}.{k}"
+                lb = self.lbs[name] = RegionLB(self, name, region, router, ingress=True)
+                self.region_lbs.setdefault(region, []).append(lb)
+                for rid in by_region[region]:
+                    self.replicas[rid].lbs.append(lb)
+        if n > 1 and dep.sibling_inserts_s is not None:  # each region's routers share their inserts (RegionLB)
+            self.sibling_logs = {r: [] for r in self.region_lbs}
+        stand_ins = [lbs[0] for lbs in self.region_lbs.values()]
+        for lb in self.lbs.values():
+            lb.peers = [p for p in stand_ins if p.region != lb.region]
+
+    def lb_of(self, region: str) -> RegionLB:
+        """The router of ``region`` a request reaches: its only one, else one of its ``ingress_replicas`` at
+        random (uniform, from its own stream: Ray's proxy picks an ingress replica by two random choices
+        on in-flight counts, not modelled)."""
+        lbs = self.region_lbs[region]
+        return lbs[0] if len(lbs) == 1 else lbs[self._proxy_rng.randrange(len(lbs))]
 
     def central_lb(self, region: str, name: str) -> RegionLB:
         """A central LB in ``region`` over every replica (the deployment's, or its standby: ``sim/faults.py``)."""
@@ -561,7 +592,7 @@ class Simulator:
         failover names, or it waits for the failover: ``FaultModel.client_lb``)."""
         region = req.region
         if self.faults is None:
-            lb = self.lbs[self.dep.lb_for_client(region)] if region not in self.lbs else self.lbs[region]
+            lb = self.lb_of(region if region in self.region_lbs else self.dep.lb_for_client(region))
         elif (lb := self.faults.client_lb(req)) is None:
             return
         d = self.one_way(region, lb.region)
@@ -759,7 +790,7 @@ def region_layer_config(sim: Simulator, region: str) -> Dict[str, Any]:
     where the LB has no such part, e.g. no registry without forwarding): read from the objects ``sim``
     built -- the router's ``TwoLayerConfig``, the registry, the settings its code reads -- not from the
     deployment's defaults. What it leaves out: :data:`SERVE_NOT_SIMULATED`."""
-    lb = sim.lbs[region]
+    lb = sim.region_lbs[region][0]
     st = sim.settings
     reg = sim.registry
     net = sim.net
