@@ -183,6 +183,7 @@ class CostSelector(PeerSelector):
             seen = (s.num_running + s.num_waiting) if s is not None else 0
             total += seen + n * tracker.unseen(t)
         return total
+
     def remote_wait(self, router, req, region: str, now: float) -> float:
         cfg = self.config
         p = router.peers[region]
