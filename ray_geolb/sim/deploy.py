@@ -173,6 +173,8 @@ class DeploymentSpec:
         s = self.sibling_inserts_s
         if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < float("inf")):
             raise ValueError(f"sibling_inserts_s must be None or a finite number of seconds >= 0, got {s!r}")
+        if not isinstance(self.sibling_headroom, bool):
+            raise ValueError(f"sibling_headroom must be True or False, got {self.sibling_headroom!r}")
         if n > 1 and not self.ingress_lbs:
             raise ValueError(f"ingress_replicas={n}: several routers per region need per-region LBs "
                              f"(lb_kind 'per-region' or 'region-local'), not {self.lb_kind!r}")

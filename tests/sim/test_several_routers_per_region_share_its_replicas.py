@@ -129,6 +129,11 @@ def test_a_bad_sibling_insert_delay_is_refused_by_name(bad):
         deployment_for("geoprefix", REPS, ingress_replicas=2, sibling_inserts_s=bad)
 
 
+def test_a_bad_lending_switch_is_refused_by_name():
+    with pytest.raises(ValueError, match="sibling_headroom must be True or False"):
+        deployment_for("geoprefix", REPS, ingress_replicas=2, sibling_headroom="yes")
+
+
 def test_several_routers_need_per_region_lbs_and_no_faults():
     with pytest.raises(ValueError, match="ingress_replicas=2: several routers per region need per-region LBs"):
         deployment_for("ray-prefix", REPS, ingress_replicas=2)
