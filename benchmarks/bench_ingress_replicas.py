@@ -1,0 +1,185 @@
+"""Several routers per region in the simulator (``DeploymentSpec.ingress_replicas``): what a region loses
+when its traffic is split over N ingress replicas, each with its own prefix tree, hold queue and a 1/N
+share of every replica's reported headroom.
+
+For each N (default 1, 2, 4, 8), on three workloads, each seed:
+
+* ``conversation``: SkyLB Fig. 8's ShareGPT and WildChat conversation panels (``scenarios.py`` ``skylb-fig8``);
+* ``shared-context``: the RAG clients and the dealt trace of ``scenarios.py`` ``shared-context``;
+* ``geo-diurnal``: the planner's day (``geo-diurnal-3``) at a fixed deployment (``--diurnal``);
+* ``held-tot``: the stealing tests' setting (Tree-of-Thoughts clients all in us, one replica per region, a
+  replica granted at most 2 requests per report, forwards only at saturation): us holds requests, so with
+  ``--steal`` the idle regions steal and a hand-over can reach the wrong router;
+
+all GeoPrefix.
+
+Printed per workload and N: the prefix-cache hit rate (tokens the engines found cached over prompt tokens),
+P99 TTFT, throughput, forwards, and steal hand-overs refused because they reached a sibling of the router
+that made the offer (0 unless ``--steal``). With ``--share``, each N > 1 also with its routers sharing
+their prefix inserts at the given delays (``DeploymentSpec.sibling_inserts_s``). With ``--goodput`` also the
+SLO goodput of the geo-diurnal deployment (``sim/goodput.py``: the largest rate multiplier whose P99 TTFT
+meets ``--slo`` on every seed) for N = 1 and the largest N (and the largest N sharing, with ``--share``).
+
+    .venv/bin/python benchmarks/bench_ingress_replicas.py --seeds 0,1,2,3
+    .venv/bin/python benchmarks/bench_ingress_replicas.py --seeds 0,1 --only geo-diurnal --goodput
+
+A request reaches one of its region's routers uniformly at random (Ray's proxy picks by two random choices
+on the ingress replicas' in-flight counts; not modelled).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+from ray_geolb.policy.region import GEOPREFIX_COST
+from ray_geolb.sim.goodput import SLO, goodput_many
+from ray_geolb.sim.plan import _base_run, _seeded
+from ray_geolb.sim.scenarios import run_one, scenario_runs
+from ray_geolb.sim.workloads.geo_diurnal import load_demand
+
+WORKLOADS = ("conversation", "shared-context", "geo-diurnal", "held-tot")
+
+
+def parse_placement(spec: str) -> Dict[str, int]:
+    return {r: int(n) for r, n in (x.split(":") for x in spec.split(","))}
+
+
+def workload_runs(name: str, seed: int, args) -> List[dict]:
+    """The GeoPrefix runs of one workload at one seed (labels name the sub-workload)."""
+    if name == "conversation":
+        return [r for r in scenario_runs("skylb-fig8", scale=args.scale, duration_s=args.duration_s, seed=seed,
+                                         systems=["geoprefix"]) if r["group"].startswith("conv-")]
+    if name == "shared-context":
+        return [r for r in scenario_runs("shared-context", scale=args.scale, duration_s=args.duration_s, seed=seed)
+                if r["system"] == "geoprefix"]
+    if name == "held-tot":  # the stealing tests' setting: us holds requests, eu and asia are idle
+        cost = {**GEOPREFIX_COST.model_dump(exclude_unset=True), "forward_before_saturation": False}
+        return [{"label": f"held-tot/geoprefix/seed{seed}", "group": "held-tot", "system": "geoprefix",
+                 "replicas": {"us": 1, "eu": 1, "asia": 1},
+                 "workload": {"name": "tot", "kw": {"branching": 2, "clients": {"us": 48, "eu": 0, "asia": 0},
+                                                    "seed": seed}},
+                 "sim": {"duration_s": args.duration_s, "seed": seed},
+                 "deploy": {"policy": {"name": "geoprefix", "availability": {"max_burst": 2}},
+                            "two_layer": {"remote": "cost", "cost": cost}}}]
+    run = _base_run("geo-diurnal/geoprefix", "geoprefix", parse_placement(args.diurnal),
+                    load_demand("geo-diurnal-3", args.mean_rps), args.day_s, 1.0, args.profile, SLO(ttft_s=args.slo))
+    return [_seeded(run, seed)]
+
+
+def with_routers(run: dict, n: int, steal: bool, share_s: Optional[float] = None, pool: bool = False) -> dict:
+    r = copy.deepcopy(run)
+    dep = r.setdefault("deploy", {})
+    dep["ingress_replicas"] = n
+    if share_s is not None and n > 1:
+        dep["sibling_inserts_s"] = share_s
+    if pool and n > 1:
+        dep["sibling_headroom"] = True
+    if steal:
+        dep.setdefault("two_layer", {})["steal"] = {"enabled": True}
+    return r
+
+
+def measure(run: dict) -> dict:
+    out = run_one({k: v for k, v in run.items() if k not in ("slo", "hour_s")})  # the goodput search's keys
+    c = out["counters"]
+    return {"hit": out["prefix_hit_rate"], "p99": out["ttft_s"]["p99"], "rps": out["throughput_rps"],
+            "forwards": c.get("forwards", 0), "done": c.get("requests_completed", 0),
+            "sibling_refused": out["decisions"].get("steal_refused_at_a_sibling_router", 0),
+            "steals_handed": c.get("steals_handed", 0)}
+
+
+def _fmt(xs: List[float], nd: int = 3) -> str:
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "-"
+    return f"{statistics.mean(xs):.{nd}f} [{min(xs):.{nd}f}-{max(xs):.{nd}f}]"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--routers", default="1,2,4,8", help="routers per region to compare")
+    ap.add_argument("--seeds", default="0,1,2,3")
+    ap.add_argument("--only", default=",".join(WORKLOADS), help=f"workloads, of {', '.join(WORKLOADS)}")
+    ap.add_argument("--scale", type=float, default=1.0, help="the scenarios' scale (clients and replicas)")
+    ap.add_argument("--duration-s", type=float, default=60.0, help="the scenarios' simulated seconds")
+    ap.add_argument("--diurnal", default="us:2,eu:2,asia:2", help="the geo-diurnal deployment")
+    ap.add_argument("--mean-rps", type=float, default=40.0, help="the geo-diurnal day's mean req/s")
+    ap.add_argument("--day-s", type=float, default=24.0, help="the geo-diurnal day's simulated seconds")
+    ap.add_argument("--profile", default="llama3.1-8b-h100")
+    ap.add_argument("--slo", type=float, default=1.0, help="P99 TTFT SLO (s) of the goodput search")
+    ap.add_argument("--steal", action="store_true", help="with work stealing on (TwoLayerConfig.steal)")
+    ap.add_argument("--goodput", action="store_true", help="also the geo-diurnal goodput at N=1 and the largest N")
+    ap.add_argument("--bisect-steps", type=int, default=5)
+    ap.add_argument("--share", default="", help="also each N > 1 with its routers sharing their prefix "
+                                                "inserts at these delays (s, comma-separated; "
+                                                "DeploymentSpec.sibling_inserts_s)")
+    ap.add_argument("--pool", action="store_true", help="also each shared variant with its routers lending each "
+                                                       "other unused slots at once (DeploymentSpec.sibling_headroom)")
+    ap.add_argument("--json", default=None, help="write every measurement here")
+    args = ap.parse_args(argv)
+    routers = [int(x) for x in args.routers.split(",")]
+    shares = [float(x) for x in args.share.split(",") if x.strip()]
+    variants: List[Tuple[int, Optional[float], bool]] = [(n, None, False) for n in routers]
+    variants += [(n, d, False) for d in shares for n in routers if n > 1]
+    if args.pool:
+        variants += [(n, d, True) for d in shares or [None] for n in routers if n > 1]
+    seeds = [int(x) for x in args.seeds.split(",")]
+    names = [w for w in args.only.split(",") if w]
+    bad = [w for w in names if w not in WORKLOADS]
+    if bad or any(n < 1 for n in routers):
+        ap.error(f"unknown workload {bad} (known: {', '.join(WORKLOADS)}) or a router count below 1")
+    rows: Dict[str, Dict[str, List[dict]]] = {}
+    t0 = time.time()
+    for name in names:
+        for seed in seeds:
+            for base in workload_runs(name, seed, args):
+                for n, share, pool in variants:
+                    m = measure(with_routers(base, n, args.steal, share, pool))
+                    key = f"{n}" + ("" if share is None else f", shared {share:g} s") + (", pooled" if pool else "")
+                    rows.setdefault(base["label"].split("/seed")[0], {}).setdefault(key, []).append(m)
+                    print(f"  {base['label']} N={key}: {json.dumps(m)}", file=sys.stderr, flush=True)
+    print(f"routers per region {routers}, seeds {seeds}{', stealing on' if args.steal else ''} "
+          f"({time.time() - t0:.0f} s)")
+    print("| workload | N | hit rate (mean [min-max] over seeds) | vs N=1 | P99 TTFT s | vs N=1 | throughput req/s "
+          "| forwards | hand-overs refused at a sibling |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, by_n in rows.items():
+        base_hit = statistics.mean(m["hit"] for m in by_n[str(routers[0])])
+        base_p99 = statistics.mean(m["p99"] for m in by_n[str(routers[0])])
+        for n, ms in by_n.items():
+            hit = statistics.mean(m["hit"] for m in ms)
+            p99 = statistics.mean(m["p99"] for m in ms)
+            print(f"| {label} | {n} | {_fmt([m['hit'] for m in ms])} | {hit / base_hit:.3f} | "
+                  f"{_fmt([m['p99'] for m in ms])} | {p99 / base_p99:.3f} | {_fmt([m['rps'] for m in ms], 2)} | "
+                  f"{statistics.mean(m['forwards'] for m in ms):.0f} | "
+                  f"{sum(m['sibling_refused'] for m in ms)} of {sum(m['steals_handed'] for m in ms)} |")
+    out = {"rows": rows, "args": vars(args)}
+    if args.goodput:
+        run = _base_run("geo-diurnal", "geoprefix", parse_placement(args.diurnal),
+                        load_demand("geo-diurnal-3", args.mean_rps), args.day_s, 1.0, args.profile,
+                        SLO(ttft_s=args.slo))
+        runs = {f"N={n}": with_routers(run, n, args.steal) for n in (routers[0], routers[-1])}
+        runs.update({f"N={routers[-1]}, shared {d:g} s": with_routers(run, routers[-1], args.steal, d) for d in shares})
+        if args.pool:
+            runs.update({f"N={routers[-1]}, shared {d:g} s, pooled": with_routers(run, routers[-1], args.steal, d, True)
+                         for d in shares[:1]})
+        t1 = time.time()
+        res = goodput_many(runs, SLO(ttft_s=args.slo), seeds, bisect_steps=args.bisect_steps)
+        print(f"\ngoodput at P99 TTFT <= {args.slo} s, {args.bisect_steps} bisections ({time.time() - t1:.0f} s):")
+        for label, g in res.items():
+            print(f"  {label}: {json.dumps({k: g[k] for k in g if k in ('goodput', 'per_seed', 'resolution')})}")
+        out["goodput"] = res
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
