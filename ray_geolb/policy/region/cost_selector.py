@@ -99,7 +99,7 @@ class CostSelector(PeerSelector):
         the region's rate, so it weighs ``n`` times in the region's backlog (the engines' is whole)."""
         mean = self._mean_prompt(router, req)
         q = router.queued_tokens if router.queued_tokens is not None else router.queue_len * mean
-        n = router.local.headroom_share[1]
+        n = router.local.tracker.share[1]  # the policy's LoadTracker, or the ingress's TrackerView
         return (q * n if n > 1 else q) + self.engine_queued_tokens(router, mean)
 
     @staticmethod
@@ -172,7 +172,7 @@ class CostSelector(PeerSelector):
         running and waiting (every router's requests), plus the dispatches since that report, this router's
         times ``n`` (requests reach the routers evenly). A heartbeat reports this router's own count: the
         registry adds a region's sources up."""
-        n = router.local.headroom_share[1]
+        n = router.local.tracker.share[1]  # the policy's LoadTracker, or the ingress's TrackerView
         own = cls._inflight(router)
         if n == 1:
             return own
