@@ -172,6 +172,14 @@ class RegionLB:
                     if target not in mine.available and theirs.lend_slot(target, mine):
                         self.sim.count("slot_borrowed_from_a_sibling_router")
 
+    def _tell_siblings(self, req, target: str, forward: bool) -> None:
+        """With shared inserts (``sibling_inserts_s``): this router's dispatch to ``target`` (or forward to that
+        region) reaches its siblings that much later, through the region's log."""
+        sim = self.sim
+        log = sim.sibling_logs.get(self.region)
+        if log is not None:
+            log.append((sim.now + sim.dep.sibling_inserts_s, self, req.rreq, target, forward))
+
     def _learn_from_siblings(self, log: list, now: float) -> None:
         """Several routers per region sharing one affinity view (``DeploymentSpec.sibling_inserts_s``): the
         inserts the siblings made that have reached this router by ``now`` go into its prefix index (a local
@@ -252,9 +260,7 @@ class RegionLB:
                 trace("local", {"lb": self.name, "req": req.rid, "t": now, "target": d.target,
                                 "policy": self.policy, "hops": req.rreq.hops})
             router.on_dispatch(req.rreq, d.target, now)
-            log = sim.sibling_logs.get(self.region)
-            if log is not None:  # the siblings learn this insert sibling_inserts_s later
-                log.append((now + sim.dep.sibling_inserts_s, self, req.rreq, d.target, False))
+            self._tell_siblings(req, d.target, False)
             sim.count(f"local:{d.reason or 'local'}")
             if sim.faults is not None and not sim.faults.reaches(self.region, rep.region):
                 sim.faults.call_failed(self, req, rep)  # a replica down or across a cut: nothing reaches it
@@ -274,9 +280,7 @@ class RegionLB:
                                   "local_available": len(self.policy.tracker.available),
                                   "ahead": router.queue_len, "queued": len(self.queue)})
             router.on_forward(req.rreq, d.target, now)
-            log = sim.sibling_logs.get(self.region)
-            if log is not None:
-                log.append((now + sim.dep.sibling_inserts_s, self, req.rreq, d.target, True))
+            self._tell_siblings(req, d.target, True)
             if sim.settings.note_forwards:  # one more in the peer's queue until its next heartbeat
                 router.note_forward(d.target)
             sim.c["forwards"] += 1

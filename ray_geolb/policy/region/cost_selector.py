@@ -173,9 +173,8 @@ class CostSelector(PeerSelector):
         times ``n`` (requests reach the routers evenly). A heartbeat reports this router's own count: the
         registry adds a region's sources up."""
         n = router.local.tracker.share[1]  # the policy's LoadTracker, or the ingress's TrackerView
-        own = cls._inflight(router)
         if n == 1:
-            return own
+            return cls._inflight(router)
         tracker = router.local.tracker
         total = 0
         for t in router.local.targets:
