@@ -28,11 +28,25 @@ import random
 from dataclasses import dataclass, field
 from itertools import accumulate, compress, islice
 from operator import le
-from typing import Any, Callable, ClassVar, Dict, FrozenSet, Hashable, Iterable, List, Optional, Sequence, Tuple, Type
+from typing import (
+    Any,
+    Callable,
+    ClassVar,
+    Dict,
+    FrozenSet,
+    Hashable,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    Type,
+    Union,
+)
 
 from .availability import LoadTracker, ReplicaStats
 from .config import PolicyConfig
-from .prefix_index import PrefixIndex
+from .prefix_index import PrefixIndex, PreparedText
 
 __all__ = ["RouteRequest", "Decision", "Policy", "UnknownPolicyError", "least_loaded"]
 
@@ -249,6 +263,8 @@ class Policy:
         self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
                                  uncached=self.uncached_at(req, target))
         self._record(req, target, now)
+        if self.sibling_outbox is not None and self.index is not None:  # several routers share their inserts
+            self.sibling_outbox.add("d", target, req.prepared_for(self.index))
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: float = 0.0,
                     ttft_s: Optional[float] = None, ok: bool = True, req: RouteRequest = None) -> None:
@@ -258,14 +274,17 @@ class Policy:
         if target in self._target_set:
             self.tracker.on_stats(target, stats)
 
-    def learn_sibling_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
-        """A sibling router (another ingress replica over the same targets) sent ``req`` to ``target``:
+    def learn_sibling_dispatch(self, req: Union[RouteRequest, PreparedText], target: Hashable, now: float) -> bool:
+        """A sibling router (another ingress replica over the same targets) sent ``req`` (a request, or its
+        prompt as this index's ``PreparedText``: a row of ``policy/region/sibling_inserts.py``) to ``target``:
         record it in this router's prefix index as if this router had sent it, with no load accounting
         (the sibling counts the request; the replicas' reports carry its load to every router). A policy
-        without a prefix index keeps nothing."""
+        without a prefix index keeps nothing. True if it was recorded."""
         idx = self.index
-        if idx is not None and target in self._target_set:
-            idx.insert(req.prepared_for(idx), target, now)
+        if idx is None or target not in self._target_set:
+            return False
+        idx.insert(req if isinstance(req, PreparedText) else req.prepared_for(idx), target, now)
+        return True
 
     def observe_ttft(self, target: Hashable, uncached_tokens: float, ttft_s: float) -> None:
         """A TTFT measured at ``target`` for a request with ``uncached_tokens`` prompt tokens to
@@ -332,6 +351,9 @@ class Policy:
     # (ray_geolb.policy.region.local_layer.LocalLayer; besides targets, tracker, choose, on_dispatch)
     #: the prefix index of what this policy sent where (prefix policies); None: it keeps none
     index: Optional[PrefixIndex] = None
+    #: several routers over the same targets: each dispatch's hash-only row goes here for the siblings
+    #: (a ``policy/region/sibling_inserts.SiblingOutbox``, set by the driver); None: none is kept
+    sibling_outbox: Optional[Any] = None
     #: the mean prompt length (tokens) this policy has seen; None: it does not track it
     mean_prompt_tokens: Optional[float] = None
 

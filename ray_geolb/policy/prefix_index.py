@@ -171,6 +171,18 @@ class PrefixIndex:
             append(h)
         return PreparedText(tuple(keys), ends, n, data if self.store_text else None)
 
+    def prepared_from_keys(self, keys: tuple, length: int) -> PreparedText:
+        """The ``PreparedText`` of a prompt of ``length`` characters whose block keys (hashed by an index of
+        this geometry elsewhere: a sibling router) are ``keys``. ValueError if their number does not fit
+        this geometry."""
+        if length > self._bounds[-1]:
+            self._extend_bounds(length)
+        count = bisect_right(self._bounds, length)
+        if len(keys) != count:
+            raise ValueError(f"{len(keys)} block keys for a prompt of {length} characters; this index's geometry "
+                             f"(block_chars={self.block_chars}, growth={self.growth}) has {count}")
+        return PreparedText(tuple(keys), self._bounds[:count], length, None)
+
     # ------------------------------------------------------------------ queries
     def match(self, text, available: Optional[Iterable[Hashable]] = None,
               times: Optional[Dict[Hashable, float]] = None) -> Dict[Hashable, int]:

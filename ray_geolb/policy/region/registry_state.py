@@ -19,7 +19,11 @@
   most ``max_snapshot_rows`` rows per heartbeat; ``policy/region/snapshot_sync.py`` has both ends of the protocol),
   kept per source, trimmed to ``max_snapshot_nodes`` (most recently used nodes kept, parents before
   children), so a restarted ingress reloads its snapshot. A heartbeat's reply acknowledges the
-  version it now holds for the sender (``snapshot_acks``).
+  version it now holds for the sender (``snapshot_acks``);
+* **sibling inserts** -- with several ingress replicas in a region, each one's recent prefix inserts as
+  hash-only rows, in a bounded ring per region: a heartbeat carrying ``sibling_cursor`` appends its rows
+  (``sibling_inserts``) and gets its siblings' since that cursor (``table["sibling_inserts"][source]``;
+  ``policy/region/sibling_inserts.py`` has both ends).
 
 Memory and replies are bounded, whatever heartbeats arrive:
 
@@ -113,6 +117,7 @@ from ray_geolb.policy.region.heartbeat import (
     validate_extra,
 )
 from ray_geolb.policy.region.prefix_summary import PrefixSummary
+from ray_geolb.policy.region.sibling_inserts import SiblingRing
 from ray_geolb.policy.region.snapshot_sync import DEFAULT_MAX_ROWS, SnapshotStore, trim_snapshot
 
 logger = logging.getLogger("ray_geolb.registry")
@@ -277,6 +282,8 @@ class RegistryState:
         self._sources: Dict[str, Dict[str, dict]] = {}
         self._rtts: Dict[str, Dict[str, float]] = {}
         self._snapshots = SnapshotStore(max_snapshot_nodes, max_snapshot_rows)
+        #: the sibling routers' prefix inserts, per region (``sibling_inserts.py``)
+        self._siblings = SiblingRing()
         self.max_summary_bytes = max_summary_bytes
         self._summaries: Dict[str, Dict[str, tuple]] = {}  # region -> source -> (wire dict, time)
         self.regions: Optional[frozenset] = None
@@ -355,6 +362,7 @@ class RegistryState:
         errors: List[str] = []
         counts: Dict[str, int] = {}
         acks: Dict[str, Optional[int]] = {}
+        siblings: Dict[str, dict] = {}
         if not isinstance(items, (list, tuple)):
             items = [items]
         if len(items) > MAX_BATCH_ITEMS:
@@ -399,10 +407,17 @@ class RegistryState:
                     errors.append(_clip(err))
             else:
                 acks[source] = self._snapshots.held(region, source)
+            if "sibling_cursor" in item:  # one of several routers of its region: share prefix inserts
+                siblings[source], err = self._siblings.exchange(region, source, item.get("sibling_inserts"),
+                                                                item["sibling_cursor"])
+                if err:
+                    errors.append(_clip(err))
         self._prune(now)
         table = self.table(now)
         if acks:
             table["snapshot_acks"] = acks
+        if siblings:
+            table["sibling_inserts"] = siblings
         if errors:
             table["errors"] = errors[:MAX_ERRORS]
         if counts:
@@ -521,6 +536,7 @@ class RegistryState:
         self._sources.pop(region, None)
         self._rtts.pop(region, None)
         self._snapshots.forget(region)
+        self._siblings.forget(region)
         self._summaries.pop(region, None)
         for m in self._rtts.values():
             m.pop(region, None)
@@ -573,6 +589,9 @@ class RegistryState:
             "snapshot_nodes": self._snapshots.nodes(),
             "snapshot_rows_received": self._snapshots.rows_received,
             "snapshot_deltas_refused": self._snapshots.refused,
+            "sibling_rows": self._siblings.rows(),
+            "sibling_rows_received": self._siblings.rows_received,
+            "sibling_rows_relayed": self._siblings.rows_relayed,
             "heartbeats": self.heartbeats,
             "rejected": self.rejected,
             "unauthenticated": self.unauthenticated,

@@ -32,10 +32,11 @@ local layer is read through :class:`~ray_geolb.policy.region.local_layer.LocalLa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Hashable, Iterable, List, Literal, Optional, Tuple
+from typing import Callable, Dict, Hashable, Iterable, List, Literal, Optional, Tuple, Union
 
 from ..base import RouteRequest
 from ..hash_ring import HashRing
+from ..prefix_index import PreparedText
 from .config import TwoLayerConfig
 from .cost_selector import CostSelector
 from .estimators import RttTable
@@ -115,6 +116,9 @@ class RegionRouter:
         #: and the requests it handed over (as a victim); None when stealing is off
         self.thief: Optional[Thief] = Thief(config.steal, self.region) if config.steal.enabled else None
         self.victim: Optional[Victim] = Victim(config.steal) if config.steal.enabled else None
+        #: several routers in this region: each forward's hash-only row goes here for the siblings (a
+        #: ``sibling_inserts.SiblingOutbox``, set by the driver); None: none is kept
+        self.sibling_outbox = None
 
     # ------------------------------------------------------------ peer table
     def update_peer(self, state: PeerState) -> None:
@@ -328,12 +332,16 @@ class RegionRouter:
             self.selector.slo_guard.observe_region(ttft_s + waited_s)
 
     def on_forward(self, req: RouteRequest, region: str, now: float) -> None:
-        """Record a forward in the regional snapshot (SkyLB §4.1)."""
-        self.snapshot.insert(req.prepared_for(self.snapshot), region, now)
+        """Record a forward in the regional snapshot (SkyLB §4.1), and for the sibling routers
+        (``sibling_outbox``) when this region has several."""
+        p = self.snapshot.insert(req.prepared_for(self.snapshot), region, now)
         if self.selector is not None:
             self.selector.on_forward(req, region, now)
+        if self.sibling_outbox is not None:
+            self.sibling_outbox.add("f", region, p)
 
-    def learn_sibling_forward(self, req: RouteRequest, region: str, now: float) -> None:
-        """A sibling router of this region (another ingress replica) forwarded ``req`` to ``region``: record it
-        in the regional snapshot as if this router had (no forward accounting: the sibling did the forward)."""
-        self.snapshot.insert(req.prepared_for(self.snapshot), region, now)
+    def learn_sibling_forward(self, req: Union[RouteRequest, PreparedText], region: str, now: float) -> None:
+        """A sibling router of this region (another ingress replica) forwarded ``req`` (a request, or its prompt
+        as the snapshot's ``PreparedText``: a row of ``sibling_inserts.py``) to ``region``: record it in the
+        regional snapshot as if this router had (no forward accounting: the sibling did the forward)."""
+        self.snapshot.insert(req if isinstance(req, PreparedText) else req.prepared_for(self.snapshot), region, now)
