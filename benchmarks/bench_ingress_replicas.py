@@ -14,10 +14,12 @@ For each N (default 1, 2, 4, 8), on three workloads, each seed:
 all GeoPrefix.
 
 Printed per workload and N: the prefix-cache hit rate (tokens the engines found cached over prompt tokens),
-P99 TTFT, throughput, forwards, and steal hand-overs refused because they reached a sibling of the router
-that made the offer (0 unless ``--steal``). With ``--share``, each N > 1 also with its routers sharing
-their prefix inserts at the given delays (``DeploymentSpec.sibling_inserts_s``). With ``--goodput`` also the
-SLO goodput of the geo-diurnal deployment (``sim/goodput.py``: the largest rate multiplier whose P99 TTFT
+P99 TTFT, throughput, forwards, and steal hand-overs that reached a sibling of the router that made the
+offer, refused there (``--router-offers``: offers per router) or taken there (the region's offers, the
+default) (0 unless ``--steal``). With ``--share``, each N > 1 also with its routers sharing their prefix
+inserts at the given delays (``DeploymentSpec.sibling_inserts_s``), or as Serve does, through the registry
+with the heartbeats (``--share registry``: ``DeploymentSpec.share_sibling_inserts``). With ``--goodput`` also
+the SLO goodput of the geo-diurnal deployment (``sim/goodput.py``: the largest rate multiplier whose P99 TTFT
 meets ``--slo`` on every seed) for N = 1 and the largest N (and the largest N sharing, with ``--share``).
 
     .venv/bin/python benchmarks/bench_ingress_replicas.py --seeds 0,1,2,3
@@ -35,7 +37,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple, Union
 
 from ray_geolb.policy.region import GEOPREFIX_COST
 from ray_geolb.sim.goodput import SLO, goodput_many
@@ -43,6 +45,8 @@ from ray_geolb.sim.plan import _base_run, _seeded
 from ray_geolb.sim.scenarios import run_one, scenario_runs
 from ray_geolb.sim.workloads.geo_diurnal import load_demand
 
+#: --router-offers (set by main): steal offers per router, as before the region's offers
+ROUTER_OFFERS = False
 WORKLOADS = ("conversation", "shared-context", "geo-diurnal", "held-tot")
 
 
@@ -72,17 +76,25 @@ def workload_runs(name: str, seed: int, args) -> List[dict]:
     return [_seeded(run, seed)]
 
 
-def with_routers(run: dict, n: int, steal: bool, share_s: Optional[float] = None, pool: bool = False) -> dict:
+def with_routers(run: dict, n: int, steal: bool, share_s: Union[None, float, str] = None, pool: bool = False) -> dict:
     r = copy.deepcopy(run)
     dep = r.setdefault("deploy", {})
     dep["ingress_replicas"] = n
-    if share_s is not None and n > 1:
+    if share_s == "registry" and n > 1:  # as Serve shares them: rows with the heartbeats, through the registry
+        dep["share_sibling_inserts"] = True
+    elif share_s is not None and n > 1:
         dep["sibling_inserts_s"] = share_s
     if pool and n > 1:
         dep["sibling_headroom"] = True
     if steal:
         dep.setdefault("two_layer", {})["steal"] = {"enabled": True}
+    if ROUTER_OFFERS:
+        dep["region_wide_offers"] = False
     return r
+
+
+def _shared(share) -> str:
+    return "" if share is None else ", shared via the registry" if share == "registry" else f", shared {share:g} s"
 
 
 def measure(run: dict) -> dict:
@@ -91,6 +103,7 @@ def measure(run: dict) -> dict:
     return {"hit": out["prefix_hit_rate"], "p99": out["ttft_s"]["p99"], "rps": out["throughput_rps"],
             "forwards": c.get("forwards", 0), "done": c.get("requests_completed", 0),
             "sibling_refused": out["decisions"].get("steal_refused_at_a_sibling_router", 0),
+            "sibling_taken": out["decisions"].get("steal_taken_at_a_sibling_router", 0),
             "steals_handed": c.get("steals_handed", 0)}
 
 
@@ -117,15 +130,20 @@ def main(argv=None) -> int:
     ap.add_argument("--goodput", action="store_true", help="also the geo-diurnal goodput at N=1 and the largest N")
     ap.add_argument("--bisect-steps", type=int, default=5)
     ap.add_argument("--share", default="", help="also each N > 1 with its routers sharing their prefix "
-                                                "inserts at these delays (s, comma-separated; "
-                                                "DeploymentSpec.sibling_inserts_s)")
+                                                "inserts: at these fixed delays (s, comma-separated; "
+                                                "DeploymentSpec.sibling_inserts_s) and/or 'registry' (as Serve: "
+                                                "with the heartbeats; DeploymentSpec.share_sibling_inserts)")
     ap.add_argument("--pool", action="store_true", help="also each shared variant with its routers lending each "
                                                        "other unused slots at once (DeploymentSpec.sibling_headroom)")
+    ap.add_argument("--router-offers", action="store_true", help="steal offers per router, refused at a sibling "
+                                                                "(DeploymentSpec.region_wide_offers=False)")
     ap.add_argument("--json", default=None, help="write every measurement here")
     args = ap.parse_args(argv)
+    global ROUTER_OFFERS
+    ROUTER_OFFERS = args.router_offers
     routers = [int(x) for x in args.routers.split(",")]
-    shares = [float(x) for x in args.share.split(",") if x.strip()]
-    variants: List[Tuple[int, Optional[float], bool]] = [(n, None, False) for n in routers]
+    shares = [x.strip() if x.strip() == "registry" else float(x) for x in args.share.split(",") if x.strip()]
+    variants: List[Tuple[int, Union[None, float, str], bool]] = [(n, None, False) for n in routers]
     variants += [(n, d, False) for d in shares for n in routers if n > 1]
     if args.pool:
         variants += [(n, d, True) for d in shares or [None] for n in routers if n > 1]
@@ -141,13 +159,13 @@ def main(argv=None) -> int:
             for base in workload_runs(name, seed, args):
                 for n, share, pool in variants:
                     m = measure(with_routers(base, n, args.steal, share, pool))
-                    key = f"{n}" + ("" if share is None else f", shared {share:g} s") + (", pooled" if pool else "")
+                    key = f"{n}" + _shared(share) + (", pooled" if pool else "")
                     rows.setdefault(base["label"].split("/seed")[0], {}).setdefault(key, []).append(m)
                     print(f"  {base['label']} N={key}: {json.dumps(m)}", file=sys.stderr, flush=True)
     print(f"routers per region {routers}, seeds {seeds}{', stealing on' if args.steal else ''} "
           f"({time.time() - t0:.0f} s)")
     print("| workload | N | hit rate (mean [min-max] over seeds) | vs N=1 | P99 TTFT s | vs N=1 | throughput req/s "
-          "| forwards | hand-overs refused at a sibling |")
+          "| forwards | hand-overs refused / taken at a sibling |")
     print("|---|---|---|---|---|---|---|---|---|")
     for label, by_n in rows.items():
         base_hit = statistics.mean(m["hit"] for m in by_n[str(routers[0])])
@@ -158,16 +176,17 @@ def main(argv=None) -> int:
             print(f"| {label} | {n} | {_fmt([m['hit'] for m in ms])} | {hit / base_hit:.3f} | "
                   f"{_fmt([m['p99'] for m in ms])} | {p99 / base_p99:.3f} | {_fmt([m['rps'] for m in ms], 2)} | "
                   f"{statistics.mean(m['forwards'] for m in ms):.0f} | "
-                  f"{sum(m['sibling_refused'] for m in ms)} of {sum(m['steals_handed'] for m in ms)} |")
+                  f"{sum(m['sibling_refused'] for m in ms)} / {sum(m['sibling_taken'] for m in ms)} of "
+                  f"{sum(m['steals_handed'] for m in ms)} |")
     out = {"rows": rows, "args": vars(args)}
     if args.goodput:
         run = _base_run("geo-diurnal", "geoprefix", parse_placement(args.diurnal),
                         load_demand("geo-diurnal-3", args.mean_rps), args.day_s, 1.0, args.profile,
                         SLO(ttft_s=args.slo))
         runs = {f"N={n}": with_routers(run, n, args.steal) for n in (routers[0], routers[-1])}
-        runs.update({f"N={routers[-1]}, shared {d:g} s": with_routers(run, routers[-1], args.steal, d) for d in shares})
+        runs.update({f"N={routers[-1]}{_shared(d)}": with_routers(run, routers[-1], args.steal, d) for d in shares})
         if args.pool:
-            runs.update({f"N={routers[-1]}, shared {d:g} s, pooled": with_routers(run, routers[-1], args.steal, d, True)
+            runs.update({f"N={routers[-1]}{_shared(d)}, pooled": with_routers(run, routers[-1], args.steal, d, True)
                          for d in shares[:1]})
         t1 = time.time()
         res = goodput_many(runs, SLO(ttft_s=args.slo), seeds, bisect_steps=args.bisect_steps)

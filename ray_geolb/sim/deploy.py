@@ -120,6 +120,15 @@ class DeploymentSpec:
     #: seconds later (a per-region channel), so they share one affinity view; None: each keeps its own tree.
     #: A design candidate measured in the simulator (benchmarks/bench_ingress_replicas.py), not run in Serve.
     sibling_inserts_s: Optional[float] = None
+    #: with several routers per region: share their inserts as Serve does (``IngressConfig.share_sibling_inserts``,
+    #: on there by default): hash-only rows with each heartbeat to the primary registry, the siblings' back
+    #: with its table (``policy/region/sibling_inserts.py``), so at the heartbeat's period and delays. Off
+    #: here by default, so that the runs with several routers recorded before it stay as they were.
+    share_sibling_inserts: bool = False
+    #: with several routers per region: a steal hand-over that reaches a sibling of the router that made the
+    #: offer is taken there while it has a free slot and nothing waiting (``Thief.take``'s ``sibling_room``),
+    #: as Serve does; False: refused there, as before (the "before" of RESULTS section 31)
+    region_wide_offers: bool = True
     #: with several routers per region: a router with no free local slot borrows the unused slots its siblings
     #: hold (``LoadTracker.lend_slot``) at once -- the upper bound of one load view per region, measured in the
     #: simulator, not run in Serve. False: each keeps its share of each report.
@@ -173,8 +182,12 @@ class DeploymentSpec:
         s = self.sibling_inserts_s
         if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s < float("inf")):
             raise ValueError(f"sibling_inserts_s must be None or a finite number of seconds >= 0, got {s!r}")
-        if not isinstance(self.sibling_headroom, bool):
-            raise ValueError(f"sibling_headroom must be True or False, got {self.sibling_headroom!r}")
+        for name in ("sibling_headroom", "share_sibling_inserts", "region_wide_offers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.share_sibling_inserts and self.sibling_inserts_s is not None:
+            raise ValueError("share_sibling_inserts (through the registry) and sibling_inserts_s (a fixed delay) "
+                             "are two models of one channel: set one")
         if n > 1 and not self.ingress_lbs:
             raise ValueError(f"ingress_replicas={n}: several routers per region need per-region LBs "
                              f"(lb_kind 'per-region' or 'region-local'), not {self.lb_kind!r}")
@@ -247,6 +260,8 @@ class DeploymentSpec:
             **({"ingress_replicas": self.ingress_replicas} if self.ingress_replicas > 1 else {}),
             **({"sibling_inserts_s": self.sibling_inserts_s} if self.sibling_inserts_s is not None else {}),
             **({"sibling_headroom": True} if self.sibling_headroom else {}),
+            **({"share_sibling_inserts": True} if self.share_sibling_inserts else {}),
+            **({"region_wide_offers": False} if not self.region_wide_offers else {}),
             "network_rtt_ms": {f"{a}-{b}": self.network.rtt_ms(a, b)
                                for i, a in enumerate(self.network.regions)
                                for b in self.network.regions[i + 1:]},

@@ -33,6 +33,7 @@ from ray_geolb.policy.region.prefix_summary import SummarySendRule
 from ray_geolb.policy.region.queue_rule import GO, REFUSE, QueueRule, Verdict
 from ray_geolb.policy.region.registry_state import registry_leg
 from ray_geolb.policy.region.router import RegionDecision, RegionRouter
+from ray_geolb.policy.region.sibling_inserts import SiblingOutbox, learn_rows, take_rows
 
 from .events import (
     HEARTBEAT,
@@ -96,7 +97,7 @@ class RegionLB:
     (per-region and region-local LBs); False: a central LB."""
 
     __slots__ = ("sim", "name", "region", "router", "queue", "peers", "policy", "ingress", "rule", "reg_delay",
-                 "summary_rule", "thief", "victim", "down", "log_pos")
+                 "summary_rule", "thief", "victim", "down", "log_pos", "sibling_cursor")
 
     def __init__(self, sim: LBDriver, name: str, region: str, router: RegionRouter, ingress: bool = False):
         self.sim = sim
@@ -123,6 +124,10 @@ class RegionLB:
         self.down = False
         #: how far it has read its region's shared log of sibling inserts (``sim.sibling_logs``)
         self.log_pos = 0
+        #: the registry's cursor of its siblings' rows (``share_sibling_inserts``; Serve: SiblingChannel.cursor)
+        self.sibling_cursor = None
+        if ingress and sim.dep.share_sibling_inserts and sim.dep.ingress_replicas > 1:  # as Serve's SiblingChannel
+            router.sibling_outbox, self.policy.sibling_outbox = SiblingOutbox(), SiblingOutbox()
 
     # ------------------------------------------------------------------ the queue
     def on_arrive(self, req) -> None:
@@ -423,9 +428,12 @@ class RegionLB:
         further); refused (its offer expired or used): it goes back to its victim with the answer."""
         victim_lb, offer_id, req, offerer = item
         sim = self.sim
-        taken = self.thief is not None and self.thief.take(victim_lb.region, offer_id, sim.now)
-        if offerer is not self:  # a sibling router's offer (several per region): refused here, as in Serve
-            sim.count("steal_refused_at_a_sibling_router")
+        room = 0
+        if offerer is not self and sim.dep.region_wide_offers and not self.queue:  # as Serve: the region's offer
+            room = len(self.policy.tracker.available)
+        taken = self.thief is not None and self.thief.take(victim_lb.region, offer_id, sim.now, sibling_room=room)
+        if offerer is not self:  # a sibling router's offer (several per region)
+            sim.count("steal_taken_at_a_sibling_router" if taken else "steal_refused_at_a_sibling_router")
         back = sim.one_way(self.region, victim_lb.region)
         sim.push(sim.now + back, STEAL_SETTLE, victim_lb, (self.region, req, taken))
         if taken:
@@ -474,10 +482,13 @@ class RegionLB:
             c["prefix_summaries"] = c.get("prefix_summaries", 0) + 1
             c["prefix_summary_bytes"] = c.get("prefix_summary_bytes", 0) + size
             c["prefix_summary_bytes_max"] = max(c.get("prefix_summary_bytes_max", 0), size)
+        if router.sibling_outbox is not None:  # several routers sharing inserts (share_sibling_inserts)
+            hb.update(sibling_cursor=self.sibling_cursor,
+                      sibling_inserts=take_rows(router.sibling_outbox, self.policy.sibling_outbox))
         for where in sim.registries:  # the primary, then any standbys: one heartbeat, sent to each
             msg = hb
-            if where != primary:  # with the one-way delay to that registry
-                msg = {k: v for k, v in hb.items() if k != "delay_s"}
+            if where != primary:  # with the one-way delay to that registry, and what the primary alone reads
+                msg = {k: v for k, v in hb.items() if k not in ("delay_s", "sibling_cursor", "sibling_inserts")}
                 if where in self.reg_delay:
                     msg["delay_s"] = self.reg_delay[where]
             sim.push(now + sim.one_way(self.region, where), REG_ARRIVE, self, (msg, now, where))
@@ -514,6 +525,12 @@ class RegionLB:
                                                                      for r, p in router.peers.items()}})
         self.pump(everyone=True)
         self.offer_slots()
+        reply = (table.get("sibling_inserts") or {}).get(self.name)
+        if reply is not None and where == sim.registry_region:
+            self.sibling_cursor = reply["cursor"]
+            learned, unusable = learn_rows(reply["rows"], router, now)
+            sim.c["sibling_rows_learned"] = sim.c.get("sibling_rows_learned", 0) + learned
+            sim.c["sibling_rows_unusable"] = sim.c.get("sibling_rows_unusable", 0) + unusable
         if where == sim.registry_region:
             sim.push(max(t0 + sim.settings.heartbeat_period_s, now), HEARTBEAT, self)
 

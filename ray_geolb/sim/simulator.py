@@ -115,7 +115,8 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
     "ingress_replicas > 1": "simulated with DeploymentSpec.ingress_replicas (docs/design.md section 8), except "
                             "how Ray's proxy spreads requests over them (here uniformly at random; Ray picks by two "
                             "choices on in-flight counts); by default one LB per region, as build_region_apps "
-                            "deploys, and never under faults",
+                            "deploys, and never under faults; their shared inserts (Serve's share_sibling_inserts, "
+                            "on by default there) only with DeploymentSpec.share_sibling_inserts",
     "circuit breaker of an unreachable peer (BREAKER_BACKOFF_S)": "after a failed forward the simulated LB marks "
         "the peer unavailable until its next peer table, not for a backoff; a peer that stopped heartbeating "
         "(down, or across a cut: sim/faults.py) is stale after peer_stale_s anyway",

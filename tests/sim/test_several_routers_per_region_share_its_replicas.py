@@ -23,7 +23,8 @@ REPS = {"us": 2, "eu": 2, "asia": 2}
 @functools.lru_cache(maxsize=None)
 def _conversations(n: int, share_s=None):
     """(simulator, result, decisions per LB) of ShareGPT conversations with ``n`` routers per region (each
-    run once per module)."""
+    run once per module); ``share_s``: their inserts shared at that fixed delay, or ``"registry"`` as Serve
+    shares them (``share_sibling_inserts``)."""
     decided = Counter()
 
     def trace(kind, ev):
@@ -31,7 +32,8 @@ def _conversations(n: int, share_s=None):
             decided[ev["lb"]] += 1
 
     wl = conversation("sharegpt", clients={"us": 10, "eu": 8, "asia": 8}, seed=0)
-    sim = Simulator(wl, deployment_for("geoprefix", REPS, ingress_replicas=n, sibling_inserts_s=share_s),
+    share = {"share_sibling_inserts": True} if share_s == "registry" else {"sibling_inserts_s": share_s}
+    sim = Simulator(wl, deployment_for("geoprefix", REPS, ingress_replicas=n, **share),
                     SimConfig(duration_s=12.0, seed=0, drain=True), trace=trace)
     return sim, sim.run(), decided
 
@@ -79,6 +81,29 @@ def test_routers_that_share_their_inserts_keep_the_affinity_that_split_trees_los
     assert shared > 0.9 * one and shared > three, (one, three, shared)
 
 
+def test_routers_sharing_inserts_through_the_registry_keep_the_affinity_too():
+    """As Serve shares them (``share_sibling_inserts``): hash-only rows with each heartbeat to the primary
+    registry, the siblings' back with its table -- the registry's ring carried them, none was unusable."""
+    sim, res, _ = _conversations(3, share_s="registry")
+    one = summarize(_conversations(1)[1])["prefix_hit_rate"]
+    three = summarize(_conversations(3)[1])["prefix_hit_rate"]
+    shared = summarize(res)["prefix_hit_rate"]
+    assert shared > 0.9 * one and shared > three, (one, three, shared)
+    stats, c = sim.registry.stats(), res.counters
+    # each router's rows reach its two siblings: relayed twice, each learned, none unusable
+    assert stats["sibling_rows_received"] > 50 and stats["sibling_rows_relayed"] >= 1.9 * stats["sibling_rows_received"]
+    assert 0.9 * stats["sibling_rows_relayed"] <= c["sibling_rows_learned"] <= stats["sibling_rows_relayed"]
+    assert c["sibling_rows_unusable"] == 0
+    assert all(lb.sibling_cursor is not None for lb in sim.lbs.values())
+
+
+def test_the_two_models_of_the_sibling_channel_are_not_set_together():
+    with pytest.raises(ValueError, match="share_sibling_inserts .* and sibling_inserts_s .* set one"):
+        deployment_for("geoprefix", REPS, ingress_replicas=2, sibling_inserts_s=0.5, share_sibling_inserts=True)
+    with pytest.raises(ValueError, match="share_sibling_inserts must be True or False"):
+        deployment_for("geoprefix", REPS, ingress_replicas=2, share_sibling_inserts=1)
+
+
 def test_a_router_without_a_free_slot_borrows_a_siblings_unused_one():
     """One load view's upper bound (sibling_headroom): unused slots move to the router that needs them, and
     every request is still served once."""
@@ -96,25 +121,41 @@ def test_a_router_without_a_free_slot_borrows_a_siblings_unused_one():
     assert "slot_borrowed_from_a_sibling_router" not in runs[False].decisions
 
 
-def test_a_steal_hand_over_reaching_a_sibling_router_is_refused_and_served_once():
-    """A hand-over reaches one of the thief region's routers, not always the one that offered: a sibling
-    refuses it (it holds no such offer) and the request goes back to its victim, still served once."""
+@functools.lru_cache(maxsize=None)
+def _held_tot(region_wide: bool):
+    """us holds Tree-of-Thoughts requests, eu and asia steal them; two routers per region."""
     two = {"remote": "cost", "steal": {"enabled": True},
            "cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), "forward_before_saturation": False}}
     policy = {"name": "geoprefix", "availability": {"max_burst": 2}}
     sim = Simulator(tot(2, clients={"us": 48, "eu": 0, "asia": 0}, seed=0),
-                    deployment_for(policy, {"us": 1, "eu": 1, "asia": 1}, two_layer=two, ingress_replicas=2),
+                    deployment_for(policy, {"us": 1, "eu": 1, "asia": 1}, two_layer=two, ingress_replicas=2,
+                                   region_wide_offers=region_wide),
                     SimConfig(duration_s=12.0, seed=0, drain=True))
-    res = sim.run()
+    return sim, sim.run()
+
+
+@pytest.mark.parametrize("region_wide", [False, True])
+def test_a_steal_hand_over_reaching_a_sibling_router_is_served_once(region_wide):
+    """A hand-over reaches one of the thief region's routers, not always the one that offered. With offers
+    per router (``region_wide_offers=False``) the sibling refuses it and the request goes back to its
+    victim; with the region's offers (the default, as Serve) the sibling takes it while it has room. Either
+    way every request is served once and nothing is left counted."""
+    sim, res = _held_tot(region_wide)
     c = res.counters
     assert c["steals_taken"] > 0
-    assert res.decisions.get("steal_refused_at_a_sibling_router", 0) > 0
+    at_sibling = res.decisions.get("steal_taken_at_a_sibling_router", 0)
+    assert (at_sibling > 0) == region_wide
     assert c["steals_handed"] == c["steals_taken"] + c["steals_refused"]
     assert c["in_flight_at_end"] == 0 and c["requests_sent"] == c["requests_completed"] + c["requests_rejected"]
     assert sum(rep.engine._num_finished for rep in sim.replicas.values()) == c["requests_completed"]
     for lb in sim.lbs.values():
         assert lb.router.victim.outstanding() == 0 and len(lb.queue) == 0
         assert lb.policy.tracker.total_outstanding() == 0
+
+
+def test_the_regions_offers_are_refused_at_a_sibling_less_often():
+    refused = {w: _held_tot(w)[1].decisions.get("steal_refused_at_a_sibling_router", 0) for w in (False, True)}
+    assert refused[False] > 0 and refused[True] < refused[False], refused
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, 2.0, "2"])

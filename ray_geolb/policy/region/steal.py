@@ -122,7 +122,8 @@ class Thief:
         #: peer -> the heartbeat time of its last offer that it answered with nothing: no new offer to it
         #: until a newer heartbeat (at most one unanswered offer per peer per heartbeat)
         self.declined: Dict[str, float] = {}
-        self.counts = {"offers": 0, "offered_slots": 0, "taken": 0, "refused": 0, "sent_back": 0, "expired": 0}
+        self.counts = {"offers": 0, "offered_slots": 0, "taken": 0, "refused": 0, "sent_back": 0, "expired": 0,
+                       "taken_for_a_sibling": 0}
 
     def expire(self, now: float) -> None:
         for peer in [p for p, o in self.out.items() if o[1] <= now]:
@@ -172,10 +173,19 @@ class Thief:
             if o[2] <= 0:
                 del self.out[peer]
 
-    def take(self, peer: str, offer_id: int, now: float) -> bool:
+    def take(self, peer: str, offer_id: int, now: float, sibling_room: int = 0) -> bool:
         """A request stolen from ``peer`` under ``offer_id`` arrives: take it (True) while that offer lives
-        and has a slot left, else refuse it (it goes back to the victim)."""
+        and has a slot left, else refuse it (it goes back to the victim).
+
+        An offer is the region's, not one router's: with several routers in this region (ingress replicas)
+        a hand-over reaches any of them, so one that reaches a router that has no such offer out (a sibling
+        made it) is taken while that router has ``sibling_room`` free slots (its driver passes them, with
+        none of its own requests waiting; 0 with one router per region), counted ``taken_for_a_sibling``."""
         o = self.out.get(peer)
+        if (o is None or o[0] != offer_id) and sibling_room > 0:
+            self.counts["taken"] += 1
+            self.counts["taken_for_a_sibling"] += 1
+            return True
         if o is None or o[0] != offer_id or o[1] <= now or o[2] <= 0:
             self.counts["refused"] += 1
             return False

@@ -59,6 +59,16 @@ def test_an_offer_expires_and_a_late_stolen_request_is_refused():
     assert len(r.thief.offers(r, 1.7, 2, 0, 0.0, 1e-4)) == 1
 
 
+def test_a_hand_over_of_a_siblings_offer_is_taken_while_this_router_has_room():
+    """Several routers in a region: the offer is the region's, so a hand-over that reaches the router that did
+    not make it is taken there while it has free slots (its driver passes them), else refused."""
+    sibling = _thief_region()  # this router made no offer
+    assert not sibling.thief.take("eu", 7, 1.0)
+    assert sibling.thief.take("eu", 7, 1.0, sibling_room=2)
+    assert sibling.thief.counts["taken"] == 1 and sibling.thief.counts["taken_for_a_sibling"] == 1
+    assert sibling.thief.counts["refused"] == 1 and sibling.thief.out == {}  # no offer of its own was used
+
+
 def test_an_answer_that_hands_nothing_closes_the_offer_and_slots_run_out():
     r = _thief_region()
     r.update_peer(PeerState("eu", 0, 3, 1.0))
