@@ -4,7 +4,8 @@ ways to put region apps on it: ``build_region_apps`` in Python, or a ``serve dep
 ``serve_config_on_cpu`` turns a deployment config written for GPUs (``examples/serve_three_regions.yaml``)
 into the one CI deploys: the same ``import_path`` builders and ``LLMConfig``, with only the engine
 replaced (``server_cls`` = the emulated-engine ``LLMServer`` subclass, no accelerator), one HTTP proxy on
-the head at a free local port (every "region" is this machine), and the test's engine/ingress options.
+the head at a free local port (every "region" is this machine), one ingress replica per region, and the
+test's engine/ingress options.
 """
 
 import contextlib
@@ -45,7 +46,9 @@ def wait_for_peers(base: str, regions, headers: dict, timeout: float = 60.0) -> 
 
 def serve_config_on_cpu(path: str, port: int, engine: dict, args: dict) -> dict:
     """The deployment config at ``path`` (relative to the repository) as CI deploys it (module docstring):
-    ``engine`` = the emulated engine's options, ``args`` = builder arguments merged into every app's."""
+    ``engine`` = the emulated engine's options, ``args`` = builder arguments merged into every app's. One
+    ingress replica per region unless ``args`` says otherwise: every region is this one CPU machine
+    (``test_two_ingress_replicas_share_affinity_and_survive_losing_one.py`` runs two)."""
     cfg = yaml.safe_load((REPO / path).read_text())
     cfg = copy.deepcopy(cfg)
     cfg["proxy_location"] = "HeadOnly"
@@ -57,6 +60,7 @@ def serve_config_on_cpu(path: str, port: int, engine: dict, args: dict) -> dict:
         llm.pop("accelerator_type", None)
         llm["log_engine_metrics"] = False
         llm.setdefault("experimental_configs", {})["geolb_engine"] = dict(engine)
+        a["ingress_replicas"] = 1
         for k, v in args.items():
             a[k] = {**a[k], **v} if isinstance(v, dict) and isinstance(a.get(k), dict) else v
     return cfg

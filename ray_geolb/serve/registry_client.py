@@ -41,6 +41,10 @@ from ray_geolb.serve.registry import DEFAULT_NAME, DEFAULT_NAMESPACE, get_or_cre
 
 __all__ = ["RegistryClient", "peer_states_from_table"]
 
+#: heartbeat fields the primary registry alone reads: the snapshot mirror, the sibling routers' inserts
+#: (standbys relay peers' figures only), and the delay measured on the primary's link
+_PRIMARY_ONLY = ("snapshot_delta", "delay_s", "sibling_cursor", "sibling_inserts")
+
 
 class _StandbyLink:
     """One standby registry: its actor, the call in flight, the one-way delay its heartbeats declare."""
@@ -259,7 +263,7 @@ class RegistryClient:
         for link in self.standbys.values():
             if link.task is not None and not link.task.done():
                 continue
-            msg = {k: v for k, v in hb.items() if k not in ("snapshot_delta", "delay_s")}
+            msg = {k: v for k, v in hb.items() if k not in _PRIMARY_ONLY}
             if link.delay_s is not None:
                 msg["delay_s"] = link.delay_s
             link.task = asyncio.get_running_loop().create_task(self._standby_call(link, msg))

@@ -73,12 +73,14 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import deque
 from typing import Any, Dict, List, Optional
 
 from ray.serve.request_router import PendingRequest, RunningReplica
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import build_policy
+from ray_geolb.policy.region.sibling_inserts import SiblingOutbox, prepared_from_row
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.ray_internals import RayRouterBase
@@ -93,6 +95,8 @@ __all__ = ["GeoPrefixRouter", "DEFAULT_POLICY", "extract_prompt_text"]
 
 #: The policy a GeoPrefixRouter uses when ``request_router_kwargs`` names none.
 DEFAULT_POLICY = "geoprefix"
+#: sibling routers' rows waiting for :meth:`GeoPrefixRouter.publish` (the oldest dropped beyond)
+SIBLING_INBOX_ROWS = 8192
 
 
 class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
@@ -123,9 +127,14 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         self.counters: Dict[str, int] = {
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
             "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0, "no_load_signal": 0,
-            "handed_over": 0, "reconciled": 0,
+            "handed_over": 0, "reconciled": 0, "sibling_inserts_learned": 0, "sibling_rows_unusable": 0,
         }
         self.headroom_share = opts.headroom_share
+        #: several ingress replicas of a region (one router each): this router's dispatches as hash-only rows
+        #: for its siblings (``policy/region/sibling_inserts.py``; the ingress's heartbeat takes them), and
+        #: their rows for this router's prefix index (the ingress puts them here; :meth:`publish` learns them)
+        self.sibling_outbox = SiblingOutbox()
+        self.sibling_inbox: deque = deque(maxlen=SIBLING_INBOX_ROWS)
         self.load_signal_grace_s = opts.load_signal_grace_s
         self.reconcile_after_s = reconcile_after_s = opts.reconcile_after_s
         self.book = RequestBook(self.policy, region, self.counters, opts.decision_log_size)
@@ -143,9 +152,26 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
     def publish(self) -> None:
         """Publish what the region ingress of this process reads, by one attribute swap: a frozen
         :class:`~ray_geolb.serve.router_snapshot.RouterSnapshot` of the state now (the ingress never
-        reads the live policy). Events on the router's loop call :meth:`publish_soon` instead."""
+        reads the live policy). Events on the router's loop call :meth:`publish_soon` instead. The sibling
+        routers' inserts that arrived since are learned first (off any request's decision)."""
         self._publish_pending = False
+        if self.sibling_inbox:
+            self._learn_from_siblings()
         self.snapshot = snapshot_of(self)
+
+    def _learn_from_siblings(self) -> None:
+        """The sibling routers' dispatches (rows the ingress put in ``sibling_inbox``) into this router's
+        prefix index, as if this router had made them (``Policy.learn_sibling_dispatch``: no load counted).
+        A row that fits neither this index's geometry nor a replica of this router is counted unusable."""
+        inbox, policy, now = self.sibling_inbox, self.policy, policy_now()
+        idx = policy.index
+        while inbox:
+            row = inbox.popleft()
+            try:
+                ok = idx is not None and policy.learn_sibling_dispatch(prepared_from_row(idx, row), row[1], now)
+            except ValueError:
+                ok = False
+            self.counters["sibling_inserts_learned" if ok else "sibling_rows_unusable"] += 1
 
     def publish_soon(self) -> None:
         """Publish after the event that changed the state, once per loop turn: on the router's event
@@ -162,6 +188,13 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
             return
         self._publish_pending = True
         loop.call_soon(self._safe, self.publish)
+
+    def publish_soon_threadsafe(self) -> None:
+        """:meth:`publish_soon` from another thread (the ingress, with sibling rows for ``sibling_inbox``): on
+        the router's loop once it has one; before that, the router's next event publishes."""
+        loop = self.book.loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._safe, self.publish_soon)
 
     @classmethod
     def instances(cls, app_name: Optional[str] = None, deployment_name: Optional[str] = None) -> list:
@@ -189,12 +222,14 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
     def _update_share(self) -> None:
         """``headroom_share="auto"``: this router is one of the N replicas of the deployment whose
         process holds the handle (several ingress replicas of a region): take 1/N of each report's
-        headroom (``Policy.set_headroom_share``), N re-read at every replica-set change."""
-        share = self.headroom_share
-        if share == "auto":
-            share = holder_share()
+        headroom (``Policy.set_headroom_share``), N re-read at every replica-set change. With N > 1 (any
+        ``headroom_share``) its dispatches also go to ``sibling_outbox`` for the sibling routers."""
+        held_by = holder_share()
+        share = held_by if self.headroom_share == "auto" else self.headroom_share
         if share is not None and share != self.policy.headroom_share:
             self.policy.set_headroom_share(*share)
+        several = held_by is not None and held_by[1] > 1  # sibling routers: share this one's inserts
+        self.policy.sibling_outbox = self.sibling_outbox if several else None
 
     # ------------------------------------------------------------------ routing
     async def choose_replicas(

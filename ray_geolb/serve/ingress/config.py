@@ -76,6 +76,9 @@ class IngressConfig(BaseModel):
     #: RegionRouter's one RTT estimate) unless ``two_layer.cost`` sets that itself
     rtt_ewma: float = Field(CostSelectorConfig.model_fields["rtt_alpha"].default, gt=0, le=1)
     snapshot_period_s: float = Field(1.0, gt=0)
+    #: with several ingress replicas in the region, each one's prefix inserts reach the others through the
+    #: registry's heartbeats (one affinity view per region: ``siblings.py``); False keeps a tree per replica
+    share_sibling_inserts: bool = True
     #: rows of the regional snapshot one heartbeat may carry (``policy/region/snapshot_sync.py``; ~100 bytes each)
     snapshot_max_rows: int = Field(2000, ge=1, le=100_000)
     default_max_tokens: int = Field(16, ge=1)

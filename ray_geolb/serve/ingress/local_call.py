@@ -151,7 +151,8 @@ class LocalCalls:
     def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot) -> dict:
         info = slot.decision  # the router's, on the call's ticket
         meta = {"region": self.region, "route": "local" if ctx.hops == 0 else "forwarded", "origin": ctx.origin,
-                "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops}
+                "replica": None, "reason": d.reason, "matched_prefix": 0, "queue_wait_ms": wait_ms, "hops": ctx.hops,
+                "ingress": self.peers.source}
         if info:
             meta["replica"] = info.get("replica")
             meta["reason"] = info.get("reason") or d.reason

@@ -11,6 +11,8 @@ Background work only -- never on a request's path:
 * this region's hash-only prefix summary (``RegionRouter.prefix_summary``), with the heartbeat when it
   changed (and every ``SUMMARY_REFRESH_S``: ``SummarySendRule``, which the simulator sends by too); the peers'
   come back in the table as ``PeerState.prefix_summary``;
+* with several ingress replicas in the region, their prefix inserts (``siblings.py``): this replica's with
+  each heartbeat to the primary registry, the siblings' back with its table;
 * the regional snapshot (SkyLB's record of what was forwarded where): mirrored to the registry by
   bounded deltas (``policy/region/snapshot_sync.py``: at most ``snapshot_max_rows`` rows per heartbeat) at most
   every ``snapshot_period_s`` after it changed, sent again whole (in chunks) when the registry does
@@ -47,6 +49,7 @@ from ray_geolb.serve.registry import standby_name
 from ray_geolb.serve.registry_client import RegistryClient
 
 from .config import INGRESS_DEPLOYMENT, IngressConfig
+from .siblings import SiblingChannel
 
 logger = logging.getLogger("ray.serve")
 
@@ -67,8 +70,11 @@ class PeerMesh:
     ``extra`` (may be empty). ``on_peers_changed()`` is called after each new peer table."""
 
     def __init__(self, cfg: IngressConfig, source: str, router: RegionRouter, local_report: Callable[[], dict],
-                 on_peers_changed: Callable[[], None], clock: Callable[[], float] = policy_now):
+                 on_peers_changed: Callable[[], None], clock: Callable[[], float] = policy_now,
+                 siblings: Optional[SiblingChannel] = None):
         self.cfg = cfg
+        #: the region's other ingress replicas' prefix inserts, through the registry (``siblings.py``)
+        self.siblings = siblings
         self.region = cfg.region
         self.source = source
         self.router = router
@@ -158,6 +164,8 @@ class PeerMesh:
                 hb["snapshot_delta"] = delta
             self._snapshot_sent_at = now
             self._snapshot_dirty = False
+        if self.siblings is not None:
+            hb.update(self.siblings.outgoing() or {})
         return hb
 
     def _prefix_summary(self):
@@ -191,6 +199,8 @@ class PeerMesh:
         self._apply_peers(table, made_at)
         w = self.snapshot_writer
         w.acknowledge((table.get("snapshot_acks") or {}).get(self.source))
+        if self.siblings is not None:
+            self.siblings.incoming((table.get("sibling_inserts") or {}).get(self.source))
         if not w.in_sync() and (w.version or self.router.snapshot.num_nodes):
             self._snapshot_dirty = True  # the registry does not hold what we sent (restarted, lost a delta)
         self._on_peers_changed()

@@ -61,6 +61,7 @@ from .model_client import ModelClient
 from .openai import PromptBody
 from .peers import PeerMesh
 from .retry_budget import RetryBudget
+from .siblings import SiblingChannel
 from .steal import Stealing
 from .streams import TokenStream
 from .telemetry import COUNTERS, IngressTelemetry
@@ -103,8 +104,10 @@ class RequestPath(IngressTelemetry, LocalCalls, Forwarding, Stealing):
         self.local = LocalView(cfg.local_availability, geo_router or geo_router_of(model))
         self.router = RegionRouter(cfg.two_layer_config(), self.local, clock=_now)
         self.admission = AdmissionQueue(cfg, self.decide, clock=_now)
+        #: the region's other ingress replicas' prefix inserts (one affinity view per region; siblings.py)
+        self.siblings = SiblingChannel(self.router, self.local.geo_router, enabled=cfg.share_sibling_inserts)
         self.peers = PeerMesh(cfg, source or _replica_source(self.region), self.router, self.local_report,
-                              self.peers_changed, clock=_now)
+                              self.peers_changed, clock=_now, siblings=self.siblings)
         self._init_telemetry()
         self._init_stealing()
         self.decisions: dict = {}  # non-local region-layer decisions by kind:reason

@@ -31,6 +31,7 @@ def response_headers(meta: dict, debug: bool = False) -> dict:
     }
     if debug:  # per-request routing and cache figures: operators only (see IngressConfig.debug)
         h[HEADER_PREFIX + "replica"] = str(meta.get("replica") or "")
+        h[HEADER_PREFIX + "ingress"] = str(meta.get("ingress") or "")  # the ingress replica that placed it
         h[HEADER_PREFIX + "reason"] = str(meta.get("reason") or "")
         h[HEADER_PREFIX + "matched-prefix"] = str(int(meta.get("matched_prefix") or 0))
         h[HEADER_PREFIX + "queue-wait-ms"] = f"{float(meta.get('queue_wait_ms') or 0.0):.1f}"

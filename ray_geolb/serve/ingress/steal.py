@@ -228,14 +228,18 @@ class Stealing:
     # ------------------------------------------------------------ thief: a stolen request arrives
     async def stolen(self, body: dict, fmeta: dict, victim: str, offer_id: Any, *, stream: bool):
         """A request ``victim`` handed over under our offer ``offer_id``: taken while that offer lives (then
-        served exactly as a forwarded request), else refused with a 409 ``steal_refused`` before any work.
+        served exactly as a forwarded request), or, with several ingress replicas in this region, while this
+        one has a free local slot and nothing waiting (a sibling made the offer: ``Thief.take``), else
+        refused with a 409 ``steal_refused`` before any work.
         Counted when it ends, as the victim counts it: ``taken`` (served here, or failed here after work
         began), or ``sent_back`` when this region answered 429 (nothing ran; the victim counts it
         ``returned`` and puts it back in its queue)."""
         thief = self.router.thief
         known = isinstance(victim, str) and victim in self.cfg.peers
+        # the offer is the region's: a sibling ingress replica may have made it (Thief.take)
+        room = self.local.local_slots() if self.siblings.replicas() > 1 and not len(self.admission) else 0
         ok = (thief is not None and known and isinstance(offer_id, int) and not isinstance(offer_id, bool)
-              and thief.take(victim, offer_id, policy_now()))
+              and thief.take(victim, offer_id, policy_now(), sibling_room=max(0, room)))
         peer = victim if known else "?"
         if not ok:
             self._steal_note("refused", peer)

@@ -182,6 +182,7 @@ class IngressTelemetry:
             "router": self.local.router_report(),  # the model deployment's router here: policy, counters
             "decisions": dict(self.decisions),
             "steal": self.steal_state(),  # work stealing (steal.py); None: off
+            "siblings": dict(self.siblings.counts),  # the sibling ingress replicas' inserts (siblings.py)
             "config": self.cfg.model_dump(exclude={"admin_token"}),
         }
 
