@@ -490,13 +490,13 @@ def test_queue_full_429_and_wait_limit_503(geo):
                            headers={"x-allowed-regions": "asia"}) for i in range(24)]
             full = await asyncio.gather(*reqs)
             await wait_idle(geo)
-            # asia's engine has 2 sequence slots: 2 of these run, the others wait in asia's ingress. Send the
-            # impatient request only once 4 wait there (on a loaded machine a fixed sleep raced the
-            # fills: a report taken before they reached the engine could still grant a slot; and with 2
-            # waiting, the pending allowance could pass both to the engine and the impatient one after them),
+            # asia's engine has 2 sequence slots and GeoPrefix's pending allowance lets up to 8 more wait in
+            # the engine: of 16 fills at least 6 wait in asia's ingress. Send the impatient request only once
+            # 4 wait there (on a loaded machine a fixed sleep raced the fills: a report taken before they
+            # reached the engine could still grant a slot; with 8 fills the allowance could take them all),
             # so it waits behind them for a slot that cannot free within its 0.3 s
             fill = [asyncio.ensure_future(c.post(f"{geo}/asia/v1/chat/completions", json=chat(f"slow {i} " * 30, n=80),
-                                                 headers={"x-allowed-regions": "asia"})) for i in range(8)]
+                                                 headers={"x-allowed-regions": "asia"})) for i in range(16)]
             deadline = time.monotonic() + 20
             while (await c.get(f"{geo}/asia/v1/geolb/state", headers=ADMIN)).json()["lb_queue_len"] < 4:
                 assert time.monotonic() < deadline, "the fills never waited in asia's ingress"
