@@ -100,6 +100,9 @@ SERVE_NOT_SIMULATED: Dict[str, str] = {
     "snapshot_max_rows": "rows of the regional snapshot one heartbeat may carry to the registry's mirror (for a "
                          "restarted ingress); the simulator mirrors no snapshot: an LB restarting after an outage "
                          "keeps its router as it was",
+    "share_sibling_inserts": "acts only with several ingress replicas per region (one LB per region by default "
+                             "here: see 'ingress_replicas > 1'); the simulator runs the same channel with "
+                             "DeploymentSpec.share_sibling_inserts",
     "debug": "operator access to the state endpoint and per-request figures",
     "admin_token": "operator access to the state endpoint and per-request figures",
     "admin_token_env": "operator access to the state endpoint and per-request figures",

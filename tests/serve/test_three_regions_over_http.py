@@ -491,16 +491,19 @@ def test_queue_full_429_and_wait_limit_503(geo):
             full = await asyncio.gather(*reqs)
             await wait_idle(geo)
             # asia's engine has 2 sequence slots and GeoPrefix's pending allowance lets up to 8 more wait in
-            # the engine: of 16 fills at least 6 wait in asia's ingress. Send the impatient request only once
-            # 4 wait there (on a loaded machine a fixed sleep raced the fills: a report taken before they
-            # reached the engine could still grant a slot; with 8 fills the allowance could take them all),
-            # so it waits behind them for a slot that cannot free within its 0.3 s
-            fill = [asyncio.ensure_future(c.post(f"{geo}/asia/v1/chat/completions", json=chat(f"slow {i} " * 30, n=80),
-                                                 headers={"x-allowed-regions": "asia"})) for i in range(16)]
-            deadline = time.monotonic() + 20
+            # the engine, fewer when its reports lag: fills are sent one by one until 4 wait in asia's
+            # ingress (a fixed number either all went to the engine or filled the queue to max_queue=10, and
+            # the impatient request was then refused with 429 instead of waiting), so the impatient request
+            # waits behind them for a slot that cannot free within its 0.3 s
+            fill = []
+            deadline = time.monotonic() + 30
             while (await c.get(f"{geo}/asia/v1/geolb/state", headers=ADMIN)).json()["lb_queue_len"] < 4:
-                assert time.monotonic() < deadline, "the fills never waited in asia's ingress"
-                await asyncio.sleep(0.05)
+                assert time.monotonic() < deadline, f"{len(fill)} fills, and 4 never waited in asia's ingress"
+                if len(fill) < 30:
+                    fill.append(asyncio.ensure_future(c.post(f"{geo}/asia/v1/chat/completions",
+                                                             json=chat(f"slow {len(fill)} " * 30, n=80),
+                                                             headers={"x-allowed-regions": "asia"})))
+                await asyncio.sleep(0.1)
             t0 = time.monotonic()
             timed = await c.post(f"{geo}/asia/v1/chat/completions", json=chat("impatient " * 30, n=4),
                                  headers={"x-allowed-regions": "asia", "x-geolb-max-wait-s": "0.3"})
