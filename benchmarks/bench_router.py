@@ -1,10 +1,12 @@
-"""Router overhead benchmark on a real local Ray Serve deployment (one run, four routers).
+"""Router overhead benchmark on a real local Ray Serve deployment (one run, five routers).
 
     python benchmarks/bench_router.py [--requests 600] [--concurrency 16] [--replicas 8]
 
-For each router -- GeoPrefixRouter with its default policy (GeoPrefix) and with policy skylb, Ray's
-PrefixCacheAffinityRouter and Ray's default PowerOfTwoChoicesRequestRouter -- it deploys 8 replicas of
-a light deployment (answers at once), sends 600 requests at concurrency 16 through a DeploymentHandle
+For each router -- GeoPrefixRouter with its default policy (GeoPrefix), the same with the shared affinity
+view of a region's ingress replicas (``SharedViewRouter``: its dispatches go out as sibling rows, and a
+sibling with the same traffic sends as many back every 0.25 s, which it learns: ``SiblingFeeder``) and with
+policy skylb, Ray's PrefixCacheAffinityRouter and Ray's default PowerOfTwoChoicesRequestRouter -- it deploys
+8 replicas of a light deployment (answers at once), sends 600 requests at concurrency 16 through a DeploymentHandle
 from this process (so the router runs here), and reports:
 
 * time inside ``choose_replicas`` + ``on_request_routed`` per request (sum over the calls of one
@@ -91,11 +93,49 @@ def _timed(base, label):
     return Timed
 
 
+class SharedViewRouter(GeoPrefixRouter):
+    """GeoPrefixRouter as one of two ingress replicas of a region (its handle runs in this driver, where Serve's
+    replica context says one): its dispatches go to its sibling outbox, and :class:`SiblingFeeder` plays a
+    sibling with the same traffic, whose rows it learns (the shared affinity view)."""
+
+    def _update_share(self):
+        super()._update_share()
+        self.policy.sibling_outbox = self.sibling_outbox
+
+
+class SiblingFeeder:
+    """A sibling router with the same traffic, seen from the router under test: every ``period_s`` (a
+    heartbeat) the router's own rows since the last one come back as the sibling's (same prompts, same
+    replicas), into its ``sibling_inbox``, and the router is told to learn them -- what the registry's reply
+    brings an ingress replica whose sibling routes as much as it does."""
+
+    def __init__(self, router, period_s: float = 0.25):
+        import threading
+
+        self.router, self.period_s, self.rows = router, period_s, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(self.period_s):
+            rows = self.router.sibling_outbox.take(512)
+            self.router.sibling_inbox.extend(rows)
+            self.rows += len(rows)
+            self.router.publish_soon_threadsafe()
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.rows
+
+
 TimedGeo = _timed(GeoPrefixRouter, "Geo")
+TimedGeoShared = _timed(SharedViewRouter, "GeoShared")
 TimedGeoSky = _timed(GeoPrefixRouter, "GeoSky")
 TimedPrefix = _timed(PrefixCacheAffinityRouter, "Prefix")
 TimedPow2 = _timed(PowerOfTwoChoicesRequestRouter, "Pow2")
-globals().update({c.__name__: c for c in (TimedGeo, TimedGeoSky, TimedPrefix, TimedPow2)})
+globals().update({c.__name__: c for c in (TimedGeo, TimedGeoShared, TimedGeoSky, TimedPrefix, TimedPow2)})
 
 
 # ------------------------------------------------------------------ light deployment
@@ -127,6 +167,7 @@ def light_report(inflight: int) -> dict:
 
 ROUTERS = [
     (f"GeoPrefixRouter({DEFAULT_POLICY})", TimedGeo, "Geo", {"policy": {"name": DEFAULT_POLICY}}),
+    ("GeoPrefixRouter(shared view)", TimedGeoShared, "GeoShared", {"policy": {"name": DEFAULT_POLICY}}),
     ("GeoPrefixRouter(skylb)", TimedGeoSky, "GeoSky", {"policy": {"name": "skylb"}}),
     ("PrefixCacheAffinityRouter", TimedPrefix, "Prefix", {}),
     ("PowerOfTwo (default)", TimedPow2, "Pow2", {}),
@@ -183,7 +224,11 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     time.sleep(1.5)
     bench_state.TIMES[("bench", key)] = {}
     bench_state.TIMES[("bench-cpu", key)] = {}
-    replicas, wall = asyncio.run(drive(h, reqs, args.concurrency))
+    feeder = SiblingFeeder(geo_serve.router_for(app, "Light")) if key == "GeoShared" else None
+    try:
+        replicas, wall = asyncio.run(drive(h, reqs, args.concurrency))
+    finally:
+        fed = feeder.stop() if feeder is not None else None
     times_ms = [v * 1e3 for v in bench_state.TIMES[("bench", key)].values()]
     cpu_ms = [v * 1e3 for v in bench_state.TIMES[("bench-cpu", key)].values()]
     first = {}
@@ -202,6 +247,8 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     if key.startswith("Geo"):
         r = geo_serve.router_for(app, "Light")
         extra = f"held={r.counters['held']} errors={r.counters['internal_errors']} fallback={r.counters['fallback']}"
+        if fed is not None:
+            extra += f" sibling rows fed={fed} learned={r.counters['sibling_inserts_learned']}"
     serve.delete(app)
     nan = float("nan")
     p50, p99 = percentile(times_ms, (50, 99)) if times_ms else (nan, nan)
@@ -223,7 +270,7 @@ def main():
     ap.add_argument("--replicas", type=int, default=8)
     ap.add_argument("--num-cpus", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=1,
-                    help="repeat the three routers this many times in one Ray session (interleaved), and report "
+                    help="repeat the routers this many times in one Ray session (interleaved), and report "
                          "each round, the best round and the spread")
     ap.add_argument("--prebuilt-prompts", action="store_true",
                     help="build all 600 prompts (19 MB) before the run instead of when each request is sent: the "

@@ -138,9 +138,10 @@ class SiblingOutbox:
         self.dropped = 0  # rows pushed out unsent by newer ones (a heartbeat link down, or too slow)
 
     def add(self, kind: str, target: str, prepared) -> None:
+        """One insert: kept as made (the keys are packed into a row by :meth:`take`, off the decision path)."""
         if len(self._rows) == self._rows.maxlen:
             self.dropped += 1
-        self._rows.append(row_of(kind, target, prepared))
+        self._rows.append((kind, target, prepared))
         self.added += 1
 
     def take(self, most: int = MAX_ROWS_PER_HEARTBEAT) -> List[Row]:
@@ -148,7 +149,7 @@ class SiblingOutbox:
         out = []
         rows = self._rows
         while rows and len(out) < most:
-            out.append(rows.popleft())
+            out.append(row_of(*rows.popleft()))
         return out
 
     def __len__(self) -> int:
