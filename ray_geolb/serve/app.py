@@ -28,7 +28,9 @@ Builders:
 The regions cooperate through the registry actor, which the first ingress creates if it does not
 exist. Several ingress replicas per region (``ingress_replicas``) each run a GeoPrefixRouter over the
 same replicas; each takes its share of every report's headroom (see ``router.py``), so they never
-grant one engine slot twice.
+grant one engine slot twice, and they share one prefix view through the registry
+(``ingress/siblings.py``). The default is 1 (the one-machine demo); a production config runs 2 for
+availability (``examples/serve_three_regions.yaml``).
 """
 
 from __future__ import annotations
