@@ -100,6 +100,7 @@ class SharedViewRouter(GeoPrefixRouter):
 
     def _update_share(self):
         super()._update_share()
+        self.sibling_outbox.enabled = True  # as the region ingress enables it with several replicas
         self.policy.sibling_outbox = self.sibling_outbox
 
 

@@ -131,9 +131,10 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         }
         self.headroom_share = opts.headroom_share
         #: several ingress replicas of a region (one router each): this router's dispatches as hash-only rows
-        #: for its siblings (``policy/region/sibling_inserts.py``; the ingress's heartbeat takes them), and
-        #: their rows for this router's prefix index (the ingress puts them here; :meth:`publish` learns them)
-        self.sibling_outbox = SiblingOutbox()
+        #: for its siblings (``policy/region/sibling_inserts.py``; kept once the region ingress of this process
+        #: enables it, and taken by its heartbeat), and their rows for this router's prefix index (the ingress
+        #: puts them here; :meth:`publish` learns them)
+        self.sibling_outbox = SiblingOutbox(enabled=False)
         self.sibling_inbox: deque = deque(maxlen=SIBLING_INBOX_ROWS)
         self.load_signal_grace_s = opts.load_signal_grace_s
         self.reconcile_after_s = reconcile_after_s = opts.reconcile_after_s

@@ -130,15 +130,20 @@ class SiblingOutbox:
     """A router's inserts waiting for its next heartbeat (module docstring). ``add`` runs on the router's
     thread and ``take`` on the heartbeat's: a ``deque``'s append and popleft are atomic in CPython."""
 
-    def __init__(self, max_rows: int = 4096):
+    def __init__(self, max_rows: int = 4096, enabled: bool = True):
         if not isinstance(max_rows, int) or isinstance(max_rows, bool) or max_rows < 1:
             raise ValueError(f"max_rows must be a positive integer, got {max_rows!r}")
         self._rows: deque = deque(maxlen=max_rows)
+        #: False: :meth:`add` keeps nothing (nobody takes the rows: a router whose process has no ingress
+        #: sharing them, e.g. Ray Serve LLM's OpenAI app with several replicas)
+        self.enabled = enabled
         self.added = 0
         self.dropped = 0  # rows pushed out unsent by newer ones (a heartbeat link down, or too slow)
 
     def add(self, kind: str, target: str, prepared) -> None:
         """One insert: kept as made (the keys are packed into a row by :meth:`take`, off the decision path)."""
+        if not self.enabled:
+            return
         if len(self._rows) == self._rows.maxlen:
             self.dropped += 1
         self._rows.append((kind, target, prepared))

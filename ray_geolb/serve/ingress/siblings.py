@@ -50,6 +50,9 @@ class SiblingChannel:
             self.router.sibling_outbox = SiblingOutbox()
         elif not on:
             self.router.sibling_outbox = None
+        geo = self.geo_router()
+        if geo is not None:
+            geo.sibling_outbox.enabled = on  # the router keeps its dispatches' rows only while they are taken
         return on
 
     def outgoing(self) -> Optional[dict]:

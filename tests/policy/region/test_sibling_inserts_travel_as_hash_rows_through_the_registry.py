@@ -41,6 +41,17 @@ def test_a_dispatch_row_carries_no_text_and_teaches_a_sibling_the_same_match():
     assert c.sibling_outbox is None
 
 
+def test_a_disabled_outbox_keeps_nothing_until_enabled():
+    """A router whose rows nobody takes (no region ingress sharing them) keeps none."""
+    a = build_policy({"name": "geoprefix", "prefix": FIXED}, targets=["t0"])
+    a.sibling_outbox = box = SiblingOutbox(enabled=False)
+    a.on_dispatch(rq(1, P + " one"), "t0", 1.0)
+    assert len(box) == 0 and box.take() == []
+    box.enabled = True
+    a.on_dispatch(rq(2, P + " two"), "t0", 2.0)
+    assert len(box) == 1 and box.added == 1
+
+
 def test_a_forward_row_enters_a_siblings_regional_snapshot():
     us1 = region(remote="cost", cost=GEOPREFIX_COST.model_dump(exclude_unset=True))
     us2 = region(remote="cost", cost=GEOPREFIX_COST.model_dump(exclude_unset=True))
