@@ -80,7 +80,7 @@ from ray.serve.request_router import PendingRequest, RunningReplica
 
 import ray_geolb.serve as _serve_pkg
 from ray_geolb.policy import build_policy
-from ray_geolb.policy.region.sibling_inserts import SiblingOutbox, prepared_from_row
+from ray_geolb.policy.region.sibling_inserts import SiblingOutbox, learn_dispatch_row
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.direct_streaming import refuse_direct_streaming
 from ray_geolb.serve.ray_internals import RayRouterBase
@@ -165,13 +165,8 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         prefix index, as if this router had made them (``Policy.learn_sibling_dispatch``: no load counted).
         A row that fits neither this index's geometry nor a replica of this router is counted unusable."""
         inbox, policy, now = self.sibling_inbox, self.policy, policy_now()
-        idx = policy.index
         while inbox:
-            row = inbox.popleft()
-            try:
-                ok = idx is not None and policy.learn_sibling_dispatch(prepared_from_row(idx, row), row[1], now)
-            except ValueError:
-                ok = False
+            ok = learn_dispatch_row(policy, inbox.popleft(), now)
             self.counters["sibling_inserts_learned" if ok else "sibling_rows_unusable"] += 1
 
     def publish_soon(self) -> None:

@@ -36,7 +36,7 @@ from collections import deque
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 __all__ = ["KINDS", "MAX_REPLY_ROWS", "MAX_ROWS_PER_HEARTBEAT", "SiblingOutbox", "SiblingRing",
-           "check_rows", "learn_rows", "prepared_from_row", "row_of", "take_rows"]
+           "check_rows", "learn_dispatch_row", "learn_rows", "prepared_from_row", "row_of", "take_rows"]
 
 #: ``"d"``: a dispatch to a replica of this region; ``"f"``: a forward to a peer region
 KINDS = ("d", "f")
@@ -90,13 +90,22 @@ def learn_rows(rows: Sequence[Row], router, now: float,
                 dispatch(row)
                 ok = True
             else:
-                idx = policy.index
-                ok = idx is not None and policy.learn_sibling_dispatch(prepared_from_row(idx, row), row[1], now)
+                ok = learn_dispatch_row(policy, row, now)
         except ValueError:
             ok = False
         learned += ok
         unusable += not ok
     return learned, unusable
+
+
+def learn_dispatch_row(policy, row: Row, now: float) -> bool:
+    """A sibling's dispatch row into ``policy``'s prefix index (``Policy.learn_sibling_dispatch``): True if
+    learned; False for a policy without an index, a replica it does not have, or another geometry."""
+    idx = policy.index
+    try:
+        return idx is not None and policy.learn_sibling_dispatch(prepared_from_row(idx, row), row[1], now)
+    except ValueError:
+        return False
 
 
 def check_rows(rows, what: str = "sibling_inserts") -> List[Row]:
