@@ -6,14 +6,16 @@ README's main-job line names (standard library only; run it with any Python >= 3
    from the README itself (so the two cannot drift apart) and run step by step: the venv it creates
    (``.venv``, renamed to a new temp folder so it cannot be an earlier one), the ``pip install`` with
    the line's own extras, then the demo with a short ``--duration`` and a temp ``--out``. It must exit
-   0, print the table with one row per router, write ``demo.json`` and ``demo.png``, and print no Ray
-   INFO line on the terminal.
+   0, print the expected duration and the table with one row per router, write ``demo.json`` (every
+   router answered with no error; the central router's clients outside us paid their RTT; no operator
+   token), ``demo.png`` and a non-empty ``ray.log``, and print no Ray INFO line on the terminal.
 2. **Every "Other entry points" command**, in that same venv: its ``--help``, then a tiny input (the
    short forms are in ``SHORT`` below; a README command with no short form fails the check, so a new
    entry point cannot go unchecked). One undeclared import breaks the command, and so the check.
 
-The suite's own demo test runs inside the test venv (``[llm,dev]``), which hides a dependency missing
-from a smaller extra: this script is what catches that. ``RAY_TMPDIR`` comes from ``.ci/run`` (a new
+This is the one place the main job runs end to end (the suite tests its parts: the table, the
+summary, the arguments); running it in the test venv (``[llm,dev]``) would hide a dependency missing
+from the main-job extra, and running it twice cost CI 6-8 minutes. ``RAY_TMPDIR`` comes from ``.ci/run`` (a new
 empty folder). ``--keep-venv DIR`` reuses/keeps a venv (local iteration only; CI never passes it).
 """
 
@@ -33,8 +35,12 @@ from typing import List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
-#: seconds of load per router in the demo's short run
-DEMO_SECONDS = 4
+#: seconds of load per router in the demo's short run: the central row's RTT check needs a request
+#: finished by the one client in eu or the one in asia while the central router in us is busy with
+#: the 19 clients of us; in 4-s runs both finished none once (and eu alone once before)
+DEMO_SECONDS = 10
+#: demo.json's routers, in order
+DEMO_ROUTERS = ["geo", "pow2", "ray_prefix", "central"]
 #: the demo's table rows, in order (the default --routers)
 DEMO_ROWS = ["GeoPrefixRouter", "Ray default (pow-2)", "Ray PrefixCacheAffinity", "Central Ray prefix"]
 
@@ -146,6 +152,21 @@ def run(argv: List[str], log: Path, timeout: float, env=None) -> Tuple[int, str,
     return rc, out, time.monotonic() - t
 
 
+def _central_pays_its_rtt(rows: List[dict]) -> List[str]:
+    """The central router runs in us: a client outside us pays its RTT to us before its first token
+    (the demo has one client in eu and one in asia; one of them may finish no request in the window)."""
+    central = [r for r in rows if r.get("router") == "central"]
+    if not central:
+        return []
+    c = central[0]
+    rtt = c.get("rtt_to_central_router_ms_by_origin") or {}
+    outside = {o: ms for o, ms in (c.get("ttft_p50_ms_by_origin") or {}).items() if rtt.get(o, 0) > 0}
+    if not outside:
+        return [f"central row: no request from outside the router's region finished ({c.get('ttft_p50_ms_by_origin')})"]
+    return [f"central row: TTFT p50 from {o} is {ms:.0f} ms, under its RTT of {rtt[o]:.0f} ms"
+            for o, ms in outside.items() if ms < rtt[o]]
+
+
 def check_demo_output(out_text: str, out_dir: Path) -> List[str]:
     problems = []
     lines = out_text.splitlines()
@@ -160,14 +181,27 @@ def check_demo_output(out_text: str, out_dir: Path) -> List[str]:
     info = [ln for ln in lines if re.search(r"\bINFO\b", ln)]
     if info:
         problems.append(f"{len(info)} INFO lines on the terminal, e.g. {info[0][:160]!r}")
+    if not any("expected duration" in ln for ln in lines):
+        problems.append("no expected-duration line at the start")
+    log = out_dir / "ray.log"
+    if not log.exists() or log.stat().st_size == 0:
+        problems.append("ray.log (where Ray's INFO lines go) is missing or empty")
     js = out_dir / "demo.json"
     png = out_dir / "demo.png"
     if not js.exists():
         problems.append("no demo.json")
     else:
-        rows = json.loads(js.read_text()).get("rows", [])
-        if len(rows) != len(DEMO_ROWS) or any(r.get("ok", 0) < 1 for r in rows):
-            problems.append(f"demo.json rows: {[(r.get('router'), r.get('ok')) for r in rows]}")
+        data = json.loads(js.read_text())
+        rows = data.get("rows", [])
+        if [r.get("router") for r in rows] != DEMO_ROUTERS:
+            problems.append(f"demo.json routers {[r.get('router') for r in rows]}, want {DEMO_ROUTERS}")
+        bad = [(r.get("router"), r.get("ok"), r.get("errors"), r.get("ttft_p50_ms")) for r in rows
+               if not (r.get("ok", 0) >= 1 and r.get("errors") == 0 and (r.get("ttft_p50_ms") or 0) > 0)]
+        if bad:
+            problems.append(f"demo.json rows with no answer, an error or no TTFT (router, ok, errors, p50): {bad}")
+        if "admin_token" in data.get("args", {}):
+            problems.append("demo.json shows the operator token")
+        problems += _central_pays_its_rtt(rows)
     if not png.exists() or png.stat().st_size < 10_000 or png.read_bytes()[:8] != b"\x89PNG\r\n\x1a\n":
         problems.append("no PNG (demo.png missing or not a PNG)")
     return problems

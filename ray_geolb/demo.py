@@ -505,7 +505,10 @@ def run_router(router: str, args, base: str, workloads) -> dict:
         asyncio.run(lr.run())
         stats = engine_stats([a.name for a in apps])
         steals = asyncio.run(steals_taken(base, [a.route_prefix.strip("/") for a in apps], args.admin_token))
-        return summarize(router, label, lr.records, lr.t0, args.duration, stats, steals)
+        row = summarize(router, label, lr.records, lr.t0, args.duration, stats, steals)
+        if central is not None:  # what each client region paid before reaching the central router
+            row["rtt_to_central_router_ms_by_origin"] = {r: 1000 * s for r, s in central.items()}
+        return row
     finally:
         delete_region_apps(apps)
         # wait until the apps are gone so the next router starts clean

@@ -55,3 +55,27 @@ def test_the_demo_output_check_names_what_is_missing(tmp_path):
     problems = m.check_demo_output("INFO 2026 serve -- Deployment Options\n", tmp_path)
     assert any("no table" in p for p in problems) and any("INFO lines" in p for p in problems)
     assert any("demo.json" in p for p in problems) and any("PNG" in p for p in problems)
+
+
+def _demo_out(tmp_path, central_p50_by_origin, rtt_by_origin):
+    import json
+
+    rows = [{"router": r, "ok": 3, "errors": 0, "ttft_p50_ms": 50.0} for r in ("geo", "pow2", "ray_prefix")]
+    rows.append({"router": "central", "ok": 3, "errors": 0, "ttft_p50_ms": 60.0,
+                 "ttft_p50_ms_by_origin": central_p50_by_origin,
+                 "rtt_to_central_router_ms_by_origin": rtt_by_origin})
+    (tmp_path / "demo.json").write_text(json.dumps({"args": {"duration": 10}, "rows": rows}))
+    (tmp_path / "ray.log").write_text("INFO ...\n")
+    return tmp_path
+
+
+def test_the_demo_output_check_wants_the_central_routers_outside_clients_to_pay_their_rtt(tmp_path):
+    m = _checker()
+    rtt = {"us": 0.0, "eu": 80.0, "asia": 150.0}
+    ok = m.check_demo_output("expected duration about 4 min\n", _demo_out(tmp_path, {"us": 60, "eu": 140}, rtt))
+    assert not [p for p in ok if "central" in p or "demo.json" in p or "ray.log" in p], ok
+    under = m.check_demo_output("", _demo_out(tmp_path, {"us": 60, "eu": 70}, rtt))
+    assert any("from eu is 70 ms, under its RTT of 80 ms" in p for p in under), under
+    assert any("expected-duration" in p for p in under), under
+    none = m.check_demo_output("", _demo_out(tmp_path, {"us": 60}, rtt))
+    assert any("no request from outside" in p for p in none), none
