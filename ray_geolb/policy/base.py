@@ -286,6 +286,27 @@ class Policy:
         idx.insert(req if isinstance(req, PreparedText) else req.prepared_for(idx), target, now)
         return True
 
+    #: this policy indexes the replies its replicas cached (:meth:`learn_reply`); the systems modelled on
+    #: other routers index what they send, as those routers do
+    learns_replies = False
+
+    def learn_reply(self, text: Union[str, PreparedText], target: Hashable, now: float) -> bool:
+        """A request this router sent to ``target`` finished, and ``text`` is its prompt followed by its reply
+        (``canonical.text_with_reply``): the engine cached the reply's blocks as it decoded them, and a
+        conversation's next turn starts with exactly this text. Record it in the prefix index as a dispatch
+        to ``target`` (and in ``sibling_outbox`` for the sibling routers), so the next turn matches its whole
+        history, not only the prompt before it -- a short first turn then still counts as a match. No load
+        accounting. True if it was recorded (a policy that :attr:`learns_replies`, with an index, and a
+        target it has)."""
+        idx = self.index
+        if not self.learns_replies or idx is None or target not in self._target_set:
+            return False
+        prepared = text if isinstance(text, PreparedText) else idx.prepare(text)
+        idx.insert(prepared, target, now)
+        if self.sibling_outbox is not None:
+            self.sibling_outbox.add("d", target, prepared)
+        return True
+
     def observe_ttft(self, target: Hashable, uncached_tokens: float, ttft_s: float) -> None:
         """A TTFT measured at ``target`` for a request with ``uncached_tokens`` prompt tokens to
         prefill (reported by the replica, e.g. ``ReplicaStats.ttft_samples``). Policies with an online

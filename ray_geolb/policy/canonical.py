@@ -21,9 +21,9 @@ the text of a conversation's turn *k* is a prefix of the text of turn *k+1*.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
-__all__ = ["PromptFormatError", "canonical_text", "chat_text", "message_text"]
+__all__ = ["PromptFormatError", "canonical_text", "chat_text", "message_text", "text_with_reply"]
 
 
 class PromptFormatError(ValueError):
@@ -145,3 +145,21 @@ def canonical_text(request: Any) -> str:
         f"cannot find a prompt in {type(request).__name__}: expected a string, or an object/dict "
         "with 'messages' (chat) or 'prompt' (completion)"
     )
+
+
+def text_with_reply(request: Any, reply: str) -> Optional[str]:
+    """The canonical text of ``request`` followed by its ``reply``: a prefix of the next turn's text when
+    the client sends the reply back (a chat's next request carries it as an assistant message after the
+    same messages; a completion's next prompt continues prompt + reply). The engine caches the reply's
+    blocks as it decodes them, so this is what the replica holds after the request. None where the next
+    turn cannot be predicted: a prompt that is not one string (token ids, a batch), a reply that is not text."""
+    if not isinstance(reply, str):
+        return None
+    if isinstance(request, (str, bytes)):
+        return canonical_text(request) + reply
+    if _get(request, "messages") is not None:
+        return canonical_text(request) + message_text({"role": "assistant", "content": reply})
+    prompt = _get(request, "prompt")
+    if isinstance(prompt, str):
+        return prompt + reply
+    return None

@@ -97,6 +97,8 @@ __all__ = ["GeoPrefixRouter", "DEFAULT_POLICY", "extract_prompt_text"]
 DEFAULT_POLICY = "geoprefix"
 #: sibling routers' rows waiting for :meth:`GeoPrefixRouter.publish` (the oldest dropped beyond)
 SIBLING_INBOX_ROWS = 8192
+#: finished requests' texts waiting for the router's loop (``reply_inbox``); more drops the oldest
+REPLY_INBOX = 256
 
 
 class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
@@ -128,6 +130,7 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
             "routed": 0, "held": 0, "no_prompt": 0, "internal_errors": 0, "fallback": 0,
             "queue_full": 0, "wait_timeout": 0, "bad_stats": 0, "ttft_samples": 0, "no_load_signal": 0,
             "handed_over": 0, "reconciled": 0, "sibling_inserts_learned": 0, "sibling_rows_unusable": 0,
+            "replies_learned": 0,
         }
         self.headroom_share = opts.headroom_share
         #: several ingress replicas of a region (one router each): this router's dispatches as hash-only rows
@@ -136,6 +139,9 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         #: puts them here; :meth:`publish` learns them)
         self.sibling_outbox = SiblingOutbox(enabled=False)
         self.sibling_inbox: deque = deque(maxlen=SIBLING_INBOX_ROWS)
+        #: finished requests' prompt + reply texts with their replica, from the region ingress of this process
+        #: (``serve/ingress/replies.py``); :meth:`publish` records them (``Policy.learn_reply``)
+        self.reply_inbox: deque = deque(maxlen=REPLY_INBOX)
         self.load_signal_grace_s = opts.load_signal_grace_s
         self.reconcile_after_s = reconcile_after_s = opts.reconcile_after_s
         self.book = RequestBook(self.policy, region, self.counters, opts.decision_log_size)
@@ -158,7 +164,18 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         self._publish_pending = False
         if self.sibling_inbox:
             self._learn_from_siblings()
+        if self.reply_inbox:
+            self._learn_replies()
         self.snapshot = snapshot_of(self)
+
+    def _learn_replies(self) -> None:
+        """The replies the ingress read from finished requests (``reply_inbox``: prompt + reply texts with the
+        replica that cached them) into this router's prefix index (``Policy.learn_reply``: a conversation's
+        next turn then matches its whole history at that replica; no load counted)."""
+        inbox, policy, now = self.reply_inbox, self.policy, policy_now()
+        while inbox:
+            text, target = inbox.popleft()
+            self.counters["replies_learned"] += policy.learn_reply(text, target, now)
 
     def _learn_from_siblings(self) -> None:
         """The sibling routers' dispatches (rows the ingress put in ``sibling_inbox``) into this router's

@@ -123,6 +123,47 @@ def test_streaming_sse(geo):
                 assert chunks[0]["choices"][0]["text"].startswith("tok")
 
 
+def _sse_reply(text, kind):
+    chunks = [json.loads(ln[len("data: "):]) for ln in text.splitlines()
+              if ln.startswith("data: ") and ln != "data: [DONE]"]
+    key = (lambda c: c["delta"].get("content") or "") if kind == "chat" else (lambda c: c.get("text") or "")
+    return "".join(key(ch["choices"][0]) for ch in chunks if ch.get("choices"))
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_conversations_next_turn_matches_the_reply_its_replica_cached(geo, kind, stream):
+    """The engine caches a reply as it decodes it, and a conversation's next turn starts with prompt + reply:
+    the region ingress reads the reply from the finished response (a stream: at its end) and hands it to
+    its GeoPrefixRouter (``serve/ingress/replies.py``), so the next turn matches past the end of the first
+    turn's prompt -- without it the match stops at the prompt's last whole block."""
+    from ray_geolb.policy.canonical import canonical_text
+
+    with httpx.Client(timeout=60) as c:
+        first = f"a {kind} conversation, streamed {stream}: " + "what is in the valley? " * 12
+        if kind == "chat":
+            path, body = "chat/completions", chat(first, n=64, stream=stream)
+        else:
+            path, body = "completions", {"model": MODEL, "prompt": first, "max_tokens": 64, "stream": stream}
+        r1 = c.post(f"{geo}/asia/v1/{path}", json=body, headers=ADMIN)
+        assert r1.status_code == 200, r1.text
+        if stream:
+            reply = _sse_reply(r1.text, kind)
+        else:
+            choice = r1.json()["choices"][0]
+            reply = choice["message"]["content"] if kind == "chat" else choice["text"]
+        assert len(reply) > 150, reply  # a reply longer than a block where the first turn ends
+        if kind == "chat":
+            nxt = dict(body, messages=body["messages"] + [{"role": "assistant", "content": reply},
+                                                         {"role": "user", "content": "and then?"}])
+        else:
+            nxt = dict(body, prompt=first + reply + " And then?")
+        r2 = c.post(f"{geo}/asia/v1/{path}", json=nxt, headers=ADMIN)
+        assert r2.status_code == 200, r2.text
+        assert geoh(r2)["replica"] == geoh(r1)["replica"]
+        assert int(geoh(r2)["matched-prefix"]) > len(canonical_text(body)) + 64, (geoh(r2), len(canonical_text(body)))
+
+
 def test_bad_requests_name_the_problem(geo):
     u = f"{geo}/us/v1/chat/completions"
     with httpx.Client(timeout=30) as c:

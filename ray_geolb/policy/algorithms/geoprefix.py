@@ -86,9 +86,16 @@ class GeoPrefix(CostPolicy):
                                                          "in flight at the replica")
         ttft: TtftModelConfig = Field(TtftModelConfig(source="engine_steps"),
                                       description="t_p fitted on the engines' step work (prefill time, not TTFT)")
+        learn_replies: bool = Field(
+            True, description="index each finished request's prompt + reply at its replica (Policy.learn_reply): "
+                              "the engine cached the reply, and a conversation's next turn starts with both")
         price_cached_context: bool = Field(
             True, description="residual prefill priced t_p·R + q·R·(c + R/2) with q (per prefill-attention pair) "
                               "learned from the engines' prefill_pairs; False: the linear t_p·R of before")
+
+    @property
+    def learns_replies(self) -> bool:
+        return self.config.learn_replies
 
 
 def geoprefix_two_layer(region: str, **over) -> dict:

@@ -29,6 +29,7 @@ from ray_geolb.serve.clock import policy_now
 from .context import RequestContext, wait_bound
 from .errors import GeoHTTPError
 from .model_client import error_in
+from .replies import ReplyCollector, hand_reply, reply_of_response
 from .streams import NO_TOKEN, TokenStream, cancel_quietly
 
 logger = logging.getLogger("ray.serve")
@@ -107,7 +108,24 @@ class LocalCalls:
         self.served_ids.append(ctx.request_id)
         if ctx.hops:
             self.crashes.reached("served_for_peer")
+        geo = self._reply_learner()
+        if geo is not None:
+            hand_reply(geo, ctx.body, reply_of_response(res, ctx.kind), (slot.decision or {}).get("replica"))
         return self._local_meta(ctx, d, wait_ms, slot), res
+
+    def _reply_learner(self):
+        """This process's GeoPrefixRouter if its policy learns the replies its replicas cached (``replies.py``),
+        else None."""
+        geo = self.local.geo_router()
+        return geo if geo is not None and getattr(geo.policy, "learns_replies", False) else None
+
+    def _reply_collector(self, ctx: RequestContext, slot) -> Optional[ReplyCollector]:
+        """What reads a stream's reply at its end for the router (None: the router does not learn replies)."""
+        geo = self._reply_learner()
+        if geo is None:
+            return None
+        return ReplyCollector(ctx.kind, lambda reply: hand_reply(geo, ctx.body, reply,
+                                                                 (slot.decision or {}).get("replica")))
 
     async def _run_local_stream(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot):
         gen = None
@@ -141,12 +159,13 @@ class LocalCalls:
             self.crashes.reached("served_for_peer")
         try:
             meta = self._local_meta(ctx, d, wait_ms, slot)
+            watch = self._reply_collector(ctx, slot)
         except BaseException:
             cancel_quietly(gen)
             slot.release()
             raise
         return meta, TokenStream(gen, first, on_close=slot.release, idle_timeout_s=self.cfg.stream_idle_timeout_s,
-                                 where=f"region {self.region}")
+                                 where=f"region {self.region}", watch=watch)
 
     def _local_meta(self, ctx: RequestContext, d: RegionDecision, wait_ms: float, slot) -> dict:
         info = slot.decision  # the router's, on the call's ticket

@@ -50,8 +50,11 @@ class TokenStream:
     never runs its ``finally``."""
 
     def __init__(self, source, first=NO_TOKEN, on_close=None, idle_timeout_s: Optional[float] = None,
-                 where: str = ""):
+                 where: str = "", watch=None):
         self._source = source
+        #: sees each item handed out (``watch.add``) and the source's end (``watch.finish``), e.g. a
+        #: ``replies.ReplyCollector``; its errors never reach the stream
+        self._watch = watch
         self._first = first
         self._on_close = on_close
         self._closed = False
@@ -67,6 +70,8 @@ class TokenStream:
         """An item goes to the consumer: if it does not come back for the next one within the idle
         timeout (a peer whose origin died leaves its relay suspended for good; a client that stopped
         reading), the stream is closed here, so what it holds is returned all the same."""
+        if self._watch is not None:
+            self._tell_watch("add", item)
         if self._idle is not None:
             self._consumer_timer = asyncio.get_running_loop().call_later(self._idle, self._consumer_stalled)
         return item
@@ -94,9 +99,20 @@ class TokenStream:
             await self.aclose()
             raise GeoHTTPError(504, f"{self._where}: no token for {self._idle:g} s (stream_idle_timeout_s)",
                                type_="stream_timeout") from None
-        except BaseException:  # StopAsyncIteration (done), errors, cancellation: release now
+        except StopAsyncIteration:  # the source ended: the whole stream went out
+            if self._watch is not None:
+                self._tell_watch("finish")
             await self.aclose()
             raise
+        except BaseException:  # errors, cancellation: release now
+            await self.aclose()
+            raise
+
+    def _tell_watch(self, what: str, *args) -> None:
+        try:
+            getattr(self._watch, what)(*args)
+        except Exception:  # noqa: BLE001 - a watcher never breaks the stream
+            self._watch = None
 
     async def aclose(self) -> None:
         if self._consumer_timer is not None:

@@ -54,11 +54,9 @@ class Call:
         """The canonical text of prompt + reply (a prefix of the next turn's text), or None without a reply."""
         if self.reply is None:
             return None
-        from ray_geolb.policy.canonical import canonical_text
+        from ray_geolb.policy.canonical import text_with_reply
 
-        if self.prompt is not None:
-            return canonical_text(self.prompt + self.reply)
-        return canonical_text({"messages": self.messages + [{"role": "assistant", "content": self.reply}]})
+        return text_with_reply(self.prompt if self.prompt is not None else {"messages": self.messages}, self.reply)
 
     @property
     def input_tokens(self) -> int:
