@@ -131,3 +131,20 @@ def test_a_learned_reply_goes_to_the_sibling_routers_as_a_hash_row():
     (row,) = p.sibling_outbox.take()
     assert row[0] == "d" and row[1] == "r0" and row[2] == len(text_with_reply(first, reply))
     assert b"Zermatt" not in row[3] and isinstance(row[3], bytes)  # packed block hashes only
+
+
+def test_handing_a_reply_over_never_fails_the_answered_request():
+    from collections import deque
+
+    from ray_geolb.serve.ingress.replies import hand_reply
+
+    class ClosingRouter:  # the router's loop has gone away: scheduling its publish raises
+        reply_inbox = deque()
+
+        def publish_soon_threadsafe(self):
+            raise RuntimeError("Event loop is closed")
+
+    first, reply, _ = _conversation()
+    assert hand_reply(ClosingRouter(), first, reply, "r0") is False
+    assert hand_reply(ClosingRouter(), {"prompt": [1, 2, 3]}, "tokens", "r0") is False  # no text to extend
+    assert hand_reply(None, first, reply, "r0") is False and hand_reply(ClosingRouter(), first, None, "r0") is False

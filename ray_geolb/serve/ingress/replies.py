@@ -16,13 +16,17 @@ events are kept as they pass (no parsing per token) and read once at its end.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Callable, List, Optional
 
 from ray_geolb.policy.canonical import text_with_reply
 
+logger = logging.getLogger("ray.serve")
+
 __all__ = ["MAX_REPLY_CHARS", "ReplyCollector", "hand_reply", "reply_of_events", "reply_of_response"]
 
-#: the longest stream (characters of its events) whose reply is learned; longer ones teach nothing
+#: the longest stream (characters of its events) whose reply is learned, and so the most a stream in flight
+#: keeps for it; longer ones teach nothing
 MAX_REPLY_CHARS = 1 << 20
 
 
@@ -114,12 +118,16 @@ class ReplyCollector:
 def hand_reply(geo_router: Any, body: Any, reply: Optional[str], replica: Optional[str]) -> bool:
     """Hand the prompt + reply text of a finished request (``body``: the OpenAI body the replica got) to
     ``geo_router`` (this process's GeoPrefixRouter, or None) with the replica that served it. True if it
-    was handed over."""
+    was handed over. Never raises: the request was answered, and learning from it must not fail it."""
     if geo_router is None or reply is None or replica is None or len(reply) > MAX_REPLY_CHARS:
         return False
-    text = text_with_reply(body, reply)
-    if text is None:
+    try:
+        text = text_with_reply(body, reply)
+        if text is None:
+            return False
+        geo_router.reply_inbox.append((text, replica))
+        geo_router.publish_soon_threadsafe()
+    except Exception:  # noqa: BLE001 - a body the canonical text refuses, a router shutting down
+        logger.debug("a reply could not be handed to the router", exc_info=True)
         return False
-    geo_router.reply_inbox.append((text, replica))
-    geo_router.publish_soon_threadsafe()
     return True
