@@ -337,10 +337,8 @@ class RegionLB:
         if req.t_first is not None:
             ttft = req.t_first + sim.one_way(req.replica.region, self.region) - req.t_disp
         self.policy.on_complete(req.rid, req.replica.id, sim.now, ok=True, req=req.rreq)
-        if self.policy.learns_replies:  # the reply the engine cached, as the Serve ingress hands it to its router
-            full = req.run.program.calls[req.ci].text_with_reply
-            if full is not None:
-                self.policy.learn_reply(full, req.replica.id, sim.now)
+        if req.reply_text is not None:  # the reply the engine cached, as the Serve ingress hands it to its router
+            self.policy.learn_reply(req.reply_text, req.replica.id, sim.now)
         if ttft is not None and req.eng_uncached is not None:
             # as in Serve, where the replicas report (tokens the engine prefilled, TTFT): the router's own
             # estimate at dispatch misses what the replica cached without it (the replies of earlier turns)

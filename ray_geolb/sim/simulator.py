@@ -199,7 +199,7 @@ class _Req:
     __slots__ = ("rid", "run", "ci", "region", "rreq", "prompt", "out", "hashes", "t_send", "t_lb",
                  "lb_wait", "path", "serve_lb", "replica", "t_first", "t_fin", "cross", "held", "t_disp",
                  "max_tokens", "ideal_hit", "kv_hashes", "eng_uncached", "eng_queued", "eng_prefill", "entry", "lb",
-                 "lost")
+                 "lost", "reply_text")
 
     def __init__(self, rid, run, ci, region, rreq, prompt, out, hashes, t_send, max_tokens=None):
         self.rid = rid
@@ -211,6 +211,7 @@ class _Req:
         self.out = out
         self.hashes = hashes
         self.kv_hashes = hashes  # what the engine may cache: the prompt's blocks, then the reply's if known
+        self.reply_text = None  # the prompt + reply text (Call.text_with_reply), what its LB learns when it is done
         self.eng_uncached = None  # prompt tokens the engine prefilled (its RequestTiming), as a replica reports
         self.eng_queued = 0.0  # its RequestTiming's queued_s (waiting in the engine) and prefill_s
         self.eng_prefill = 0.0
@@ -582,7 +583,7 @@ class Simulator:
                             region=region, tenant=call.tenant, driver_data=hashes)
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
         req.ideal_hit = self.ideal.observe(ntok, hashes)
-        full = call.text_with_reply
+        full = req.reply_text = call.text_with_reply
         if full is not None:  # the engine caches the reply's blocks as it decodes them (vLLM does)
             kv = self._blocks(full)[1]
             if kv[:len(hashes)] == hashes:
@@ -613,7 +614,7 @@ class Simulator:
         rreq = RouteRequest(request_id=rid, text=r.text, session_key=r.session_key, prompt_tokens=r.prompt_tokens,
                             region=r.region, tenant=r.tenant, driver_data=r.driver_data)
         new = _Req(rid, req.run, req.ci, req.region, rreq, req.prompt, req.out, req.hashes, req.t_send, req.max_tokens)
-        new.kv_hashes, new.ideal_hit = req.kv_hashes, req.ideal_hit
+        new.kv_hashes, new.ideal_hit, new.reply_text = req.kv_hashes, req.ideal_hit, req.reply_text
         return new
 
     def _on_retry(self, req: _Req, b):
