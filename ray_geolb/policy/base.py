@@ -63,6 +63,10 @@ class RouteRequest:
     * :meth:`note_pricing` / :meth:`pricing_by` -- what a cost policy priced at choice time (the
       estimated cached tokens per replica and the replicas priced), read back at dispatch.
 
+    ``reply_span`` is where the last reply a chat carries back lies in ``text`` (``canonical.reply_span``; None:
+    no such reply): a policy that :attr:`~Policy.infers_replies` credits a replica known to hold the turn that
+    reply answered with the reply too (``matching.through_reply``).
+
     ``driver_data`` is the driver's own: policies never read it; it is handed back to the driver's
     hooks (the simulator's oracle ``cache_probe`` keeps the prompt's KV block hashes there).
     """
@@ -76,6 +80,7 @@ class RouteRequest:
     allowed_regions: Optional[FrozenSet[str]] = None
     tenant: Optional[str] = None
     hops: int = 0
+    reply_span: Optional[Tuple[int, int]] = None
     driver_data: Any = field(default=None, repr=False, compare=False)
     _prepared: Dict[int, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
     _pricing: Dict[int, Tuple[Dict[Hashable, float], Sequence[Hashable]]] = field(
@@ -289,6 +294,9 @@ class Policy:
     #: this policy indexes the replies its replicas cached (:meth:`learn_reply`); the systems modelled on
     #: other routers index what they send, as those routers do
     learns_replies = False
+    #: this policy credits a replica it sent a chat's previous turn with that turn's reply too
+    #: (``RouteRequest.reply_span``, ``matching.through_reply``); the systems modelled on other routers do not
+    infers_replies = False
 
     def learn_reply(self, text: Union[str, PreparedText], target: Hashable, now: float) -> bool:
         """A request this router sent to ``target`` finished, and ``text`` is its prompt followed by its reply

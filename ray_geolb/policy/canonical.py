@@ -21,9 +21,9 @@ the text of a conversation's turn *k* is a prefix of the text of turn *k+1*.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Tuple
 
-__all__ = ["PromptFormatError", "canonical_text", "chat_text", "message_text", "text_with_reply"]
+__all__ = ["PromptFormatError", "canonical_text", "chat_text", "message_text", "reply_span", "text_with_reply"]
 
 
 class PromptFormatError(ValueError):
@@ -163,3 +163,32 @@ def text_with_reply(request: Any, reply: str) -> Optional[str]:
     if isinstance(prompt, str):
         return prompt + reply
     return None
+
+
+def reply_span(request: Any, text: Optional[str] = None) -> Optional[Tuple[int, int]]:
+    """Where the last reply this chat carries back lies in its canonical text, in UTF-8 bytes (the unit of a
+    prefix index's match): ``(start, end)`` of the last assistant message that another message follows, or
+    None (not a chat, or no such message). ``start`` is the length of the turn that reply answered, whole:
+    a replica known to hold that turn decoded the reply after it and cached it too (the cost policies'
+    ``through_reply``). ``text``: the request's :func:`canonical_text` if the caller has it (only the
+    messages from that reply on are read again). Raises :class:`PromptFormatError` as :func:`canonical_text`
+    does."""
+    if isinstance(request, (str, bytes)):
+        return None
+    messages = _get(request, "messages")
+    if messages is None or isinstance(messages, (str, bytes)) or not isinstance(messages, Iterable):
+        return None
+    messages = list(messages)
+    last = None
+    for i in range(len(messages) - 2, -1, -1):
+        if _get(_plain(messages[i]), "role") == "assistant":
+            last = i
+            break
+    if last is None:
+        return None
+    if text is None:
+        text = canonical_text(request)
+    end = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    for m in messages[last + 1:]:
+        end -= len(message_text(m).encode("utf-8", "surrogatepass"))
+    return end - len(message_text(messages[last]).encode("utf-8", "surrogatepass")), end

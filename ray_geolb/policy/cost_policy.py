@@ -38,7 +38,7 @@ from pydantic import Field
 
 from .base import Decision
 from .config import PolicyConfig, PrefixIndexConfig
-from .matching import discounted_hits
+from .matching import discounted_hits, through_reply
 from .prefix_policy import PrefixPolicy
 from .rtt_hook import RttHook
 from .ttft_model import TtftModel, TtftModelConfig, WorkItem, WorkTracker, prefill_pairs
@@ -108,7 +108,10 @@ class CostPolicy(RttHook, PrefixPolicy):
         cfg = self.config
         p = self.prepared(req)
         times = {}
-        return discounted_hits(self.index.match(p, self.available_view(targets), times), req.prompt_tokens,
+        match = self.index.match(p, self.available_view(targets), times)
+        if self.infers_replies:
+            through_reply(match, p, req.reply_span)
+        return discounted_hits(match, req.prompt_tokens,
                                cfg.chars_per_token, cfg.min_match_chars, cfg.match_half_life_s, self.index, p, now,
                                times)
 

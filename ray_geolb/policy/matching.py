@@ -7,9 +7,10 @@ prompt tokens it is likely to save (:func:`discounted_hits`).
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, Optional
+from bisect import bisect_right
+from typing import Dict, Hashable, Optional, Tuple
 
-__all__ = ["match_age", "discounted_hits"]
+__all__ = ["match_age", "discounted_hits", "through_reply"]
 
 
 def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Optional[float]:
@@ -20,6 +21,30 @@ def match_age(index, prepared, target: Hashable, chars: int, now: float) -> Opti
     """
     t = index.last_access_at(prepared, chars, target)
     return None if t is None else max(0.0, now - t)
+
+
+def through_reply(match: Dict[Hashable, int], prepared, span: Optional[Tuple[int, int]]) -> Dict[Hashable, int]:
+    """Raise each match that covers the turn a chat's last reply answered to the end of that reply: the
+    replica that ran the turn decoded the reply after it and cached its blocks too (vLLM does), so the
+    next turn's cached prefix is its whole history -- even where this index heard only of the turn (a
+    sibling router sent it, and the reply it learned has not reached this one yet).
+
+    ``span``: ``RouteRequest.reply_span`` (None: unchanged). A match "covers the turn" when it reaches the
+    last block of ``prepared`` that ends inside the turn (a prompt's partial last block is keyed on its own
+    end, so an index never matches past it); a turn shorter than one block says nothing. In place; returns
+    ``match``."""
+    if not span or not match:
+        return match
+    start, end = span
+    ends = prepared.ends
+    i = bisect_right(ends, start)
+    floor = ends[i - 1] if i else 0
+    if floor <= 0:
+        return match
+    for t, chars in match.items():
+        if floor <= chars < end:
+            match[t] = end
+    return match
 
 
 def discounted_hits(match: Dict[Hashable, int], L: int, chars_per_token: float, min_match_chars: int,

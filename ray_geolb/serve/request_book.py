@@ -23,15 +23,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from ray_geolb.policy import RouteRequest, canonical_text
-from ray_geolb.policy.canonical import PromptFormatError
+from ray_geolb.policy.canonical import PromptFormatError, reply_span
 from ray_geolb.policy.hold_queue import HoldQueue
 from ray_geolb.serve import CallTicket
 from ray_geolb.serve.clock import policy_now
 
-__all__ = ["Entry", "RequestBook", "extract_prompt_text"]
+__all__ = ["Entry", "RequestBook", "extract_prompt", "extract_prompt_text"]
 
 _DONE_FIRST_KEEP_S = 5.0  # how long a completion that came before its on_request_routed waits for it
 
@@ -48,7 +48,13 @@ def call_ticket(pr) -> Optional[CallTicket]:
 
 
 def extract_prompt_text(args, kwargs) -> Optional[str]:
-    """Canonical text of a Serve call's prompt, or None if there is none we understand.
+    """Canonical text of a Serve call's prompt, or None if there is none we understand (:func:`extract_prompt`)."""
+    return extract_prompt(args, kwargs)[0]
+
+
+def extract_prompt(args, kwargs) -> Tuple[Optional[str], Optional[Tuple[int, int]]]:
+    """Canonical text of a Serve call's prompt and where the last reply a chat carries back lies in it
+    (``canonical.reply_span``), or ``(None, None)`` if there is no prompt we understand.
 
     First positional argument with ``.messages`` / ``.prompt`` (Ray Serve LLM's
     ChatCompletionRequest / CompletionRequest), a plain string, or a dict body; else keyword
@@ -66,10 +72,11 @@ def extract_prompt_text(args, kwargs) -> Optional[str]:
     for c in cands:
         if isinstance(c, (str, bytes, dict)) or hasattr(c, "messages") or hasattr(c, "prompt"):
             try:
-                return canonical_text(c)
+                text = canonical_text(c)
+                return text, reply_span(c, text)
             except PromptFormatError:
                 continue
-    return None
+    return None, None
 
 
 class Entry:
@@ -131,15 +138,15 @@ class RequestBook:
         ticket = call_ticket(pr)
         handed = None if ticket is None else ticket.take()  # the region ingress's, same process
         if handed is not None:
-            text = handed.text  # canonicalised once per hop, by the ingress
+            text, span = handed.text, handed.reply_span  # canonicalised once per hop, by the ingress
             self.counters["handed_over"] += 1
         else:
-            text = extract_prompt_text(pr.args, pr.kwargs)
+            text, span = extract_prompt(pr.args, pr.kwargs)
         if text is None:
             self.counters["no_prompt"] += 1
             text = ""
         req = RouteRequest(request_id=md.internal_request_id, text=text,
-                           session_key=getattr(md, "session_id", None) or None, region=self.region)
+                           session_key=getattr(md, "session_id", None) or None, region=self.region, reply_span=span)
         if handed is not None:
             req.share_prepared(handed)  # and hashed once: the blocks of any index it was prepared for
             req.output_tokens_hint = handed.output_tokens_hint  # the effective max_tokens: the price

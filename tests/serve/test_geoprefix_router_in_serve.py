@@ -17,6 +17,7 @@ from ray import serve  # noqa: E402
 from ray_geolb.serve import router_for  # noqa: E402
 from ray_geolb.serve.emulated import emulated_deployment  # noqa: E402
 from ray_geolb.serve.errors import RouterError, RouterQueueFull, RouterWaitTimeout  # noqa: E402
+from ray_geolb.serve.request_book import extract_prompt  # noqa: E402
 from ray_geolb.serve.router import DEFAULT_POLICY, extract_prompt_text  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(240)]
@@ -55,6 +56,12 @@ def test_prompt_extraction_helpers():
     assert extract_prompt_text([{"messages": [{"role": "user", "content": "hi"}]}], {}).endswith("hi\n")
     assert extract_prompt_text([42], {}) is None
     assert extract_prompt_text([], {"prompt": "p"}) == "p"
+    # a chat that carries a reply back: where it lies, for the router that may have heard only of its turn
+    chat = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                         {"role": "user", "content": "again"}]}
+    text, span = extract_prompt([chat], {})
+    assert text.encode()[span[0]:span[1]] == b"<|assistant|>\nhello\n"
+    assert extract_prompt([], {"prompt": "p"}) == ("p", None) and extract_prompt([42], {}) == (None, None)
     assert DEFAULT_POLICY == "geoprefix"
 
 

@@ -89,6 +89,9 @@ class GeoPrefix(CostPolicy):
         learn_replies: bool = Field(
             True, description="index each finished request's prompt + reply at its replica (Policy.learn_reply): "
                               "the engine cached the reply, and a conversation's next turn starts with both")
+        infer_replies: bool = Field(
+            True, description="a replica this router sent a chat's previous turn to is credited with that turn's "
+                              "reply too (matching.through_reply): what a sibling router's reply, not heard yet, says")
         price_cached_context: bool = Field(
             True, description="residual prefill priced t_p·R + q·R·(c + R/2) with q (per prefill-attention pair) "
                               "learned from the engines' prefill_pairs; False: the linear t_p·R of before")
@@ -96,6 +99,10 @@ class GeoPrefix(CostPolicy):
     @property
     def learns_replies(self) -> bool:
         return self.config.learn_replies
+
+    @property
+    def infers_replies(self) -> bool:
+        return self.config.infer_replies
 
 
 def geoprefix_two_layer(region: str, **over) -> dict:

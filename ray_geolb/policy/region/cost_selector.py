@@ -15,7 +15,7 @@ from bisect import bisect_left
 from collections import deque
 from typing import Deque, Dict, List, Optional, Tuple
 
-from ..matching import discounted_hits
+from ..matching import discounted_hits, through_reply
 from ..ttft_model import TtftModel
 from .config import CostSelectorConfig
 from .estimators import DrainRate, RttTable
@@ -247,6 +247,8 @@ class CostSelector(PeerSelector):
         snap = router.snapshot
         prep = req.prepared_for(snap)
         raw = snap.match(prep, peers)
+        if router.local.infers_replies:
+            through_reply(raw, prep, req.reply_span)
         hits = discounted_hits(raw, req.prompt_tokens, cfg.chars_per_token, cfg.min_match_chars,
                                cfg.match_half_life_s, snap, prep, now)
         if cfg.peer_summary:
@@ -306,7 +308,10 @@ class CostSelector(PeerSelector):
         if index is None:
             return 0.0
         p = req.prepared_for(index)
-        hits = discounted_hits(index.match(p, router.local.targets), req.prompt_tokens, cfg.chars_per_token,
+        match = index.match(p, router.local.targets)
+        if router.local.infers_replies:
+            through_reply(match, p, req.reply_span)
+        hits = discounted_hits(match, req.prompt_tokens, cfg.chars_per_token,
                                cfg.min_match_chars, cfg.match_half_life_s, index, p, now)
         return max(hits.values(), default=0.0)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, FrozenSet, Optional
 
 from ray_geolb.policy.base import RouteRequest
+from ray_geolb.policy.canonical import reply_span
 
 __all__ = ["RequestContext", "new_request_id", "serve_request_id"]
 
@@ -62,7 +63,7 @@ class RequestContext:
         is the effective ``max_tokens`` (one sequence: ``n`` is 1, ``openai.output_tokens``)."""
         return RouteRequest(request_id=self.request_id, text=self.text, session_key=self.session,
                             region=self.origin, allowed_regions=self.allowed, hops=self.hops, tenant=self.tenant,
-                            output_tokens_hint=self.max_tokens)
+                            output_tokens_hint=self.max_tokens, reply_span=reply_span(self.body, self.text))
 
     def wire(self, wait_ms: float, decision: Any) -> dict:
         """What the origin sends a peer with the body when it forwards this request (``fmeta``)."""

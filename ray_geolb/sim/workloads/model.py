@@ -49,6 +49,15 @@ class Call:
             return canonical_text(self.prompt)
         return canonical_text({"messages": self.messages})
 
+    def reply_span(self, text: str | None = None) -> tuple[int, int] | None:
+        """Where the last reply this chat carries back lies in :attr:`text` (``canonical.reply_span``; ``text``:
+        :attr:`text` if the caller has it)."""
+        if self.messages is None:
+            return None
+        from ray_geolb.policy.canonical import reply_span
+
+        return reply_span({"messages": self.messages}, text)
+
     @property
     def text_with_reply(self) -> str | None:
         """The canonical text of prompt + reply (a prefix of the next turn's text), or None without a reply."""
