@@ -10,6 +10,8 @@ import json
 from ray_geolb.policy import build_policy
 from ray_geolb.policy.canonical import canonical_text, text_with_reply
 from ray_geolb.policy.region.sibling_inserts import SiblingOutbox
+from ray_geolb.serve.ingress import IngressConfig
+from ray_geolb.serve.ingress.openai import parse_request
 from ray_geolb.serve.ingress.replies import MAX_REPLY_CHARS, ReplyCollector, reply_of_events, reply_of_response
 from ray_geolb.serve.ingress.streams import TokenStream
 
@@ -148,3 +150,16 @@ def test_handing_a_reply_over_never_fails_the_answered_request():
     assert hand_reply(ClosingRouter(), first, reply, "r0") is False
     assert hand_reply(ClosingRouter(), {"prompt": [1, 2, 3]}, "tokens", "r0") is False  # no text to extend
     assert hand_reply(None, first, reply, "r0") is False and hand_reply(ClosingRouter(), first, None, "r0") is False
+
+
+def test_the_ingress_marks_where_the_reply_a_next_turn_carries_back_lies():
+    """A router that has not learned the reply yet (a sibling's) still needs to know where it lies in the next
+    turn: the ingress's RouteRequest carries it (``reply_span``), in bytes of the canonical text."""
+    first, reply, second = _conversation()
+    cfg = IngressConfig(region="us", registry=None, model_name="m")
+    ctx = parse_request(json.dumps({"model": "m", **second}).encode(), {}, "chat", cfg, origin="us", request_id="r")
+    start, end = ctx.route_request().reply_span
+    assert ctx.text.encode()[:end] == text_with_reply(first, reply).encode()
+    assert start == len(canonical_text(first).encode())
+    one = parse_request(json.dumps({"model": "m", **first}).encode(), {}, "chat", cfg, origin="us", request_id="r")
+    assert one.route_request().reply_span is None
