@@ -6,7 +6,8 @@ For each N (default 1, 2, 4, 8), on three workloads, each seed:
 
 * ``conversation``: SkyLB Fig. 8's ShareGPT and WildChat conversation panels (``scenarios.py`` ``skylb-fig8``);
 * ``shared-context``: the RAG clients and the dealt trace of ``scenarios.py`` ``shared-context``;
-* ``geo-diurnal``: the planner's day (``geo-diurnal-3``) at a fixed deployment (``--diurnal``);
+* ``geo-diurnal``: the planner's day (``geo-diurnal-3``, or another demand: ``--demand``) at a fixed
+  deployment (``--diurnal``);
 * ``held-tot``: the stealing tests' setting (Tree-of-Thoughts clients all in us, one replica per region, a
   replica granted at most 2 requests per report, forwards only at saturation): us holds requests, so with
   ``--steal`` the idle regions steal and a hand-over can reach the wrong router;
@@ -71,9 +72,13 @@ def workload_runs(name: str, seed: int, args) -> List[dict]:
                  "sim": {"duration_s": args.duration_s, "seed": seed},
                  "deploy": {"policy": {"name": "geoprefix", "availability": {"max_burst": 2}},
                             "two_layer": {"remote": "cost", "cost": cost}}}]
-    run = _base_run("geo-diurnal/geoprefix", "geoprefix", parse_placement(args.diurnal),
-                    load_demand("geo-diurnal-3", args.mean_rps), args.day_s, 1.0, args.profile, SLO(ttft_s=args.slo))
+    run = _base_run(f"{_demand_label(args)}/geoprefix", "geoprefix", parse_placement(args.diurnal),
+                    load_demand(args.demand, args.mean_rps), args.day_s, 1.0, args.profile, SLO(ttft_s=args.slo))
     return [_seeded(run, seed)]
+
+
+def _demand_label(args) -> str:
+    return "geo-diurnal" if args.demand == "geo-diurnal-3" else args.demand
 
 
 def with_routers(run: dict, n: int, steal: bool, share_s: Union[None, float, str] = None, pool: bool = False) -> dict:
@@ -129,6 +134,11 @@ def main(argv=None) -> int:
     ap.add_argument("--steal", action="store_true", help="with work stealing on (TwoLayerConfig.steal)")
     ap.add_argument("--goodput", action="store_true", help="also the geo-diurnal goodput at N=1 and the largest N")
     ap.add_argument("--bisect-steps", type=int, default=5)
+    ap.add_argument("--demand", default="geo-diurnal-3", help="the geo-diurnal workload's demand (sim/workloads/"
+                                                              "geo_diurnal.py: geo-diurnal-3, geo-workday-3, "
+                                                              "azure-bursty-3)")
+    ap.add_argument("--goodput-shared-only", action="store_true", help="the goodput search without the largest N "
+                                                                       "with separate trees")
     ap.add_argument("--share", default="", help="also each N > 1 with its routers sharing their prefix "
                                                 "inserts: at these fixed delays (s, comma-separated; "
                                                 "DeploymentSpec.sibling_inserts_s) and/or 'registry' (as Serve: "
@@ -180,10 +190,11 @@ def main(argv=None) -> int:
                   f"{sum(m['steals_handed'] for m in ms)} |")
     out = {"rows": rows, "args": vars(args)}
     if args.goodput:
-        run = _base_run("geo-diurnal", "geoprefix", parse_placement(args.diurnal),
-                        load_demand("geo-diurnal-3", args.mean_rps), args.day_s, 1.0, args.profile,
+        run = _base_run(_demand_label(args), "geoprefix", parse_placement(args.diurnal),
+                        load_demand(args.demand, args.mean_rps), args.day_s, 1.0, args.profile,
                         SLO(ttft_s=args.slo))
-        runs = {f"N={n}": with_routers(run, n, args.steal) for n in (routers[0], routers[-1])}
+        runs = {f"N={n}": with_routers(run, n, args.steal)
+                for n in (routers[0], routers[-1]) if n == routers[0] or not args.goodput_shared_only}
         runs.update({f"N={routers[-1]}{_shared(d)}": with_routers(run, routers[-1], args.steal, d) for d in shares})
         if args.pool:
             runs.update({f"N={routers[-1]}{_shared(d)}, pooled": with_routers(run, routers[-1], args.steal, d, True)

@@ -13,7 +13,8 @@ chosen one's):
 * ``index_elsewhere``: available, and the index matched the chosen replica at least as long.
 
 Runs the ``conversation`` workloads of ``bench_ingress_replicas.py`` (SkyLB Fig. 8's ShareGPT and WildChat
-panels), each N with its routers sharing their inserts through the registry as Serve does.
+panels; ``--workloads`` names others, e.g. ``shared-context``; only local dispatches are classed), each N
+with its routers sharing their inserts through the registry as Serve does.
 
     .venv/bin/python benchmarks/diag_affinity_breaks.py --seeds 1 --routers 1,8
 """
@@ -89,13 +90,15 @@ def main(argv=None) -> int:
     ap.add_argument("--routers", default="1,8")
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--workloads", default="conversation", help="of bench_ingress_replicas.py's: conversation, "
+                                                                "shared-context")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     ns = [int(n) for n in args.routers.split(",")]
     print("| workload | seed | N | hit rate | " + " | ".join(f"{c}: dispatches / tokens lost" for c in CLASSES) + " |")
     print("|---|---|---|---|" + "---|" * len(CLASSES))
     for seed in seeds:
-        for base in bench.workload_runs("conversation", seed, args):
+        for base in (b for w in args.workloads.split(",") for b in bench.workload_runs(w, seed, args)):
             for n in ns:
                 r = classify(bench.with_routers(base, n, False, "registry" if n > 1 else None))
                 cells = " | ".join(f"{r['count'][c]} / {r['lost'][c]}" for c in CLASSES)
