@@ -112,6 +112,10 @@ def measure(run: dict) -> dict:
             "steals_handed": c.get("steals_handed", 0)}
 
 
+def _ratio(x: float, base: float) -> str:
+    return f"{x / base:.3f}" if base else "-"  # a demand with no prefix to share has no hit rate to compare
+
+
 def _fmt(xs: List[float], nd: int = 3) -> str:
     xs = [x for x in xs if x is not None]
     if not xs:
@@ -183,8 +187,8 @@ def main(argv=None) -> int:
         for n, ms in by_n.items():
             hit = statistics.mean(m["hit"] for m in ms)
             p99 = statistics.mean(m["p99"] for m in ms)
-            print(f"| {label} | {n} | {_fmt([m['hit'] for m in ms])} | {hit / base_hit:.3f} | "
-                  f"{_fmt([m['p99'] for m in ms])} | {p99 / base_p99:.3f} | {_fmt([m['rps'] for m in ms], 2)} | "
+            print(f"| {label} | {n} | {_fmt([m['hit'] for m in ms])} | {_ratio(hit, base_hit)} | "
+                  f"{_fmt([m['p99'] for m in ms])} | {_ratio(p99, base_p99)} | {_fmt([m['rps'] for m in ms], 2)} | "
                   f"{statistics.mean(m['forwards'] for m in ms):.0f} | "
                   f"{sum(m['sibling_refused'] for m in ms)} / {sum(m['sibling_taken'] for m in ms)} of "
                   f"{sum(m['steals_handed'] for m in ms)} |")
