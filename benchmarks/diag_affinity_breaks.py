@@ -91,7 +91,10 @@ def main(argv=None) -> int:
     ap.add_argument("--duration-s", type=float, default=60.0)
     ap.add_argument("--scale", type=float, default=1.0)
     ap.add_argument("--workloads", default="conversation", help="of bench_ingress_replicas.py's: conversation, "
-                                                                "shared-context")
+                                                                "shared-context, geo-diurnal")
+    for flag, default in (("--demand", "geo-diurnal-3"), ("--diurnal", "us:2,eu:2,asia:2"), ("--mean-rps", 40.0),
+                          ("--day-s", 24.0), ("--profile", "llama3.1-8b-h100"), ("--slo", 1.0)):
+        ap.add_argument(flag, default=default, type=type(default), help="as bench_ingress_replicas.py's")
     args = ap.parse_args(argv)
     seeds = [int(s) for s in args.seeds.split(",")]
     ns = [int(n) for n in args.routers.split(",")]
