@@ -54,6 +54,7 @@ class RouterSnapshot:
     t_p: Optional[float] = None  # ``policy.region_t_p()``: the pooled fit, floor applied
     index: Any = None  # the policy's prefix index (shared, see the module docstring), or None
     index_mark: Optional[tuple] = None  # ``index.change_mark()`` when this was taken
+    infers_replies: bool = False  # ``policy.infers_replies``: a match covering a chat's previous turn counts its reply
 
 
 def snapshot_of(router) -> RouterSnapshot:
@@ -78,4 +79,5 @@ def snapshot_of(router) -> RouterSnapshot:
         t_p=p.region_t_p(),
         index=index,
         index_mark=None if index is None else index.change_mark(),
+        infers_replies=bool(p.infers_replies),
     )

@@ -53,9 +53,10 @@ class LocalLayer(Protocol):
     """The local layer as the region layer sees it.
 
     Defaults (``Policy``): ``index`` None (no prefix index), ``mean_prompt_tokens`` None (not
-    tracked), ``region_t_p()`` None (no TTFT model) and ``queued_tokens(t)`` None (not estimated);
-    for each None the cost selector takes its documented fallback (no local match; the request's own
-    prompt length; its own prior t_p; reported waiting × mean prompt + unseen × mean prompt).
+    tracked), ``infers_replies`` False, ``region_t_p()`` None (no TTFT model) and ``queued_tokens(t)``
+    None (not estimated); for each None the cost selector takes its documented fallback (no local match;
+    the request's own prompt length; its own prior t_p; reported waiting × mean prompt + unseen × mean
+    prompt).
     """
 
     @property
@@ -73,6 +74,11 @@ class LocalLayer(Protocol):
     @property
     def mean_prompt_tokens(self) -> Optional[float]:
         """The mean prompt length this policy has seen (tokens), or None."""
+
+    @property
+    def infers_replies(self) -> bool:
+        """Whether a match covering a chat's previous turn counts its reply too (``matching.through_reply``);
+        the region layer's local and peer matches follow the local policy (``Policy.infers_replies``)."""
 
     def choose(self, req: RouteRequest, now: float,
                candidates: Optional[Iterable[Hashable]] = None) -> Optional[Decision]:

@@ -54,8 +54,8 @@ class LocalView:
       decision or None means in the simulator's RegionRouter.
     * Everything else the region layer reads -- the ``cost`` selector's stay cost and this region's
       heartbeat extras: ``targets``, ``tracker.stats/unseen/outstanding/share``, ``index``,
-      ``mean_prompt_tokens``, ``region_t_p()``, ``queued_tokens(t)`` -- is read from the router's
-      last snapshot, so the selector prices staying as the simulator's RegionRouter does over its
+      ``infers_replies``, ``mean_prompt_tokens``, ``region_t_p()``, ``queued_tokens(t)`` -- is read from the
+      router's last snapshot, so the selector prices staying as the simulator's RegionRouter does over its
       real local policy (a policy without a TTFT model answers None, and the selector takes its
       documented fallback). Until the router exists (it is created with the first local request)
       there are no targets: staying is not priced, and every request is local anyway.
@@ -161,6 +161,11 @@ class LocalView:
     def mean_prompt_tokens(self):
         s = self.snapshot()
         return s.mean_prompt_tokens if s is not None else None
+
+    @property
+    def infers_replies(self):
+        s = self.snapshot()
+        return s.infers_replies if s is not None else False
 
     def region_t_p(self):
         s = self.snapshot()
