@@ -44,6 +44,7 @@ RECOVERY_S = 1.0  # counters, sets and engines must be idle this soon after the 
 REPORT_PERIOD_S = 0.1  # engine reports (the router's view follows the next one)
 VIEW_LAG_S = 0.5  # allowance for that report: its period plus Ray's broadcast lag (measured 0.3-0.6 s)
 ROUTER_QUEUE_APP = "rq-us"
+FILL_TOKENS = 4000  # the two streams that hold both engine slots while requests queue behind them
 
 
 @pytest.fixture(scope="module")
@@ -241,9 +242,14 @@ async def _abandon_queued(base, path, app, queued_field):
     async with httpx.AsyncClient(timeout=120) as c:
         url = f"{base}/{path}/v1/completions"
         hdr = {"x-allowed-regions": "us"}
-        fill = [asyncio.ensure_future(open_stream(c, url, completion(f"long {path} {k} " * 20, 400), hdr, 10 ** 6))
+        # the fills must outlast the whole loop on a slow, loaded machine: 4,000 tokens at time_scale 5 are
+        # ~150 s of decode (7.6 ms a step); with 400 (~15 s) a CI run's loop outlived them, a slot freed
+        # and the head of the queue was served instead of staying held
+        fill = [asyncio.ensure_future(open_stream(c, url, completion(f"long {path} {k} " * 20, FILL_TOKENS), hdr,
+                                                  10 ** 6))
                 for k in range(2)]
-        deadline = time.monotonic() + 20
+        began = time.monotonic()
+        deadline = began + 20
         while True:  # both engine slots taken (and, behind the ingress, no local slot left)
             acc = await accounting(app)
             if acc.get("router_inflight", 0) >= 2 and (queued_field != "ingress_queue" or acc["local_available"] == 0):
@@ -255,7 +261,9 @@ async def _abandon_queued(base, path, app, queued_field):
             t = asyncio.ensure_future(open_stream(c, url, completion(f"queued {path} {i} " * 20, 4), hdr, 0))
             deadline = time.monotonic() + 10
             while not t.done() and (await accounting(app)).get(queued_field, 0) < behind + 1:
-                assert time.monotonic() < deadline, await accounting(app)
+                if time.monotonic() >= deadline:  # the whole accounting (an assert's message is cut short)
+                    pytest.fail(f"request {i} was not held behind {behind} within 10 s, "
+                                f"{time.monotonic() - began:.1f} s after the fills began: {await full_accounting(app)}")
                 await asyncio.sleep(0.01)
             return None if t.done() else t
 
@@ -279,6 +287,7 @@ async def _abandon_queued(base, path, app, queued_field):
             held += 1
             if held == N:
                 break
+        print(f"\n[abandoned] {path}: the loop ended {time.monotonic() - began:.1f} s after the fills began")
         assert not head.done() and all(not f.done() for f in fill), "the long streams ended before the loop did"
         for t in [head] + fill:
             t.cancel()
