@@ -243,8 +243,9 @@ async def _abandon_queued(base, path, app, queued_field):
         url = f"{base}/{path}/v1/completions"
         hdr = {"x-allowed-regions": "us"}
         # the fills must outlast the whole loop on a slow, loaded machine: 4,000 tokens at time_scale 5 are
-        # ~150 s of decode (7.6 ms a step); with 400 (~15 s) a CI run's loop outlived them, a slot freed
-        # and the head of the queue was served instead of staying held
+        # ~150 s of decode (7.6 ms a step). With 400 (~15 s) a loop that takes 5.5 s here can outlive them on
+        # a CI machine 3x slower; one CI run failed that way: the head had left the ingress queue for the
+        # router (ingress_queue 1, local_unrouted 1), so no request could be held behind it
         fill = [asyncio.ensure_future(open_stream(c, url, completion(f"long {path} {k} " * 20, FILL_TOKENS), hdr,
                                                   10 ** 6))
                 for k in range(2)]
