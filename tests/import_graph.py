@@ -11,7 +11,7 @@ code's own making).
 
 import ast
 
-from repo import REPO
+from repo import REPO, parse_python
 
 
 def modules_of(package):
@@ -28,7 +28,7 @@ def imports_of(name, path, is_pkg, modules, package):
     """The modules of ``package`` that module ``name`` imports."""
     pkg = name if is_pkg else name.rpartition(".")[0]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in ast.walk(parse_python(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):

@@ -19,7 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Iterator, List, Optional, Tuple
 
-from repo import REPO
+from repo import REPO, parse_python
 
 _EMPTY_CALLS = {"list", "dict", "set", "tuple"}
 
@@ -98,7 +98,7 @@ def _uses(body: list, collectors: set) -> Iterator[Tuple[str, int]]:
 def unguarded(source: str, filename: str = "<test>") -> List[str]:
     """``file:line test: name`` for every assert over a possibly empty collector (module docstring)."""
     found = []
-    for fn in ast.walk(ast.parse(source)):
+    for fn in ast.walk(parse_python(source)):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) or not fn.name.startswith("test"):
             continue
         collectors = {t.id for node in ast.walk(fn) if isinstance(node, ast.Assign) and _is_collector_value(node.value)

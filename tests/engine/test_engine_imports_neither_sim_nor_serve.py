@@ -4,7 +4,7 @@ import ast
 import subprocess
 import sys
 
-from repo import REPO
+from repo import REPO, parse_python
 
 ENGINE = REPO / "ray_geolb" / "engine"
 FORBIDDEN = ("ray", "ray_geolb.sim", "ray_geolb.serve")
@@ -17,7 +17,7 @@ def _forbidden(name: str) -> bool:
 def test_engine_source_imports_no_sim_serve_or_ray():
     offenders = []
     for path in ENGINE.rglob("*.py"):
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_python(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

@@ -4,7 +4,7 @@ import ast
 import subprocess
 import sys
 
-from repo import REPO
+from repo import REPO, parse_python
 
 POLICY = REPO / "ray_geolb" / "policy"
 
@@ -12,7 +12,7 @@ POLICY = REPO / "ray_geolb" / "policy"
 def test_no_ray_import_in_source():
     offenders = []
     for path in POLICY.rglob("*.py"):
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_python(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]

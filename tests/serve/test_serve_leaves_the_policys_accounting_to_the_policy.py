@@ -9,7 +9,7 @@ import ast
 import re
 
 from ray_geolb.policy import RouteRequest, build_policy
-from repo import REPO
+from repo import REPO, parse_python
 
 SERVE = REPO / "ray_geolb" / "serve"
 #: LoadTracker queries that change nothing (the region layer's LocalLoad reads)
@@ -22,7 +22,7 @@ def _is_tracker(node) -> bool:
 
 
 def _tracker_writes(path) -> list:
-    tree = ast.parse(path.read_text(), filename=str(path))
+    tree = parse_python(path.read_text(), str(path))
     # names bound to a tracker anywhere in the file (``tr = self.policy.tracker``)
     aliases = {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) and _is_tracker(n.value)
                for t in n.targets if isinstance(t, ast.Name)}

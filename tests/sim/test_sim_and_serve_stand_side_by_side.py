@@ -7,7 +7,7 @@ import ast
 import subprocess
 import sys
 
-from repo import REPO
+from repo import REPO, parse_python
 
 
 def _imports_of(package_dir, forbidden):
@@ -15,7 +15,7 @@ def _imports_of(package_dir, forbidden):
     pkg_parts = list(package_dir.relative_to(REPO).parts)
     for path in package_dir.rglob("*.py"):
         here = list(path.relative_to(REPO).with_suffix("").parts)[:-1]
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in ast.walk(parse_python(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 names = [a.name for a in node.names]
             elif isinstance(node, ast.ImportFrom):

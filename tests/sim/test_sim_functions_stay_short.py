@@ -4,7 +4,7 @@ is at most 520 lines. A newcomer should find each algorithm in one short, named 
 
 import ast
 
-from repo import REPO
+from repo import REPO, parse_python
 
 MAX_FUNCTION_LINES = 80
 MAX_SIMULATOR_LINES = 520
@@ -12,7 +12,7 @@ MAX_SIMULATOR_LINES = 520
 
 def _defs():
     for path in sorted((REPO / "ray_geolb" / "sim").rglob("*.py")):
-        tree = ast.parse(path.read_text(), filename=str(path))
+        tree = parse_python(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 yield path.relative_to(REPO), node, node.end_lineno - node.lineno + 1
