@@ -278,7 +278,8 @@ async def _abandon_queued_loop(base, path, app, queued_field, tasks):
         def sent_on(acc):
             """Something besides the two fills went past the queue under test: a report granted a slot,
             and the head (or the newest request) was sent on -- to the router, or to the engine's queue.
-            Seen once in a full-suite run (router_inflight 3, the engine [1 waiting, 2 running]); then
+            Seen in the router-queue variant in 2 of 3 runs (router_inflight 3, the engine [1 waiting,
+            2 running]: within SP-P's pending allowance, but not a free slot; the cause is not found); then
             nothing can be held behind the head, so the loop starts again with a new one."""
             return acc.get("router_inflight", 0) > 2 or (queued_field == "ingress_queue"
                                                          and acc.get("local_unrouted", 0) > 0)
