@@ -278,7 +278,7 @@ async def _abandon_queued_loop(base, path, app, queued_field, tasks):
         def sent_on(acc):
             """Something besides the two fills went past the queue under test: a report granted a slot,
             and the head (or the newest request) was sent on -- to the router, or to the engine's queue.
-            Seen in the router-queue variant in 2 of 3 runs (router_inflight 3, the engine [1 waiting,
+            Seen in the router-queue variant in 2 of 4 runs (router_inflight 3, the engine [1 waiting,
             2 running]: within SP-P's pending allowance, but not a free slot; the cause is not found); then
             nothing can be held behind the head, so the loop starts again with a new one."""
             return acc.get("router_inflight", 0) > 2 or (queued_field == "ingress_queue"
@@ -301,8 +301,12 @@ async def _abandon_queued_loop(base, path, app, queued_field, tasks):
                 await asyncio.sleep(0.01)
             return None
 
-        async def drained():
-            """Everything but the fills has left (the queue under test is empty, nothing else in flight)."""
+        async def clear():
+            """Every client but the fills leaves; then until everything but the fills has left (the queue
+            under test is empty, nothing else in flight)."""
+            for t in tasks[2:]:
+                t.cancel()
+            await asyncio.gather(*tasks[2:], return_exceptions=True)
             left = time.monotonic()
             while True:
                 acc = await accounting(app)
@@ -318,10 +322,7 @@ async def _abandon_queued_loop(base, path, app, queued_field, tasks):
                 head = await queue_one("head", 0)
                 if head is not None:
                     return head
-                for t in tasks[2:]:
-                    t.cancel()
-                await asyncio.gather(*tasks[2:], return_exceptions=True)
-                await drained()
+                await clear()
 
         head = await new_head()
         held, slowest, restarts = 0, 0.0, 0
@@ -331,10 +332,7 @@ async def _abandon_queued_loop(base, path, app, queued_field, tasks):
                 if sent_on(await accounting(app)):  # the head (or this request) left the queue: start again
                     restarts += 1
                     assert restarts <= MAX_RESTARTS, f"the head left the queue {restarts} times: {held} held"
-                    for x in tasks[2:]:
-                        x.cancel()
-                    await asyncio.gather(*tasks[2:], return_exceptions=True)
-                    await drained()
+                    await clear()
                     head = await new_head()
                 continue
             t.cancel()
