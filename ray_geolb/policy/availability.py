@@ -21,9 +21,14 @@ Modes:
   usage and size, a *KV budget* of free tokens. Each request dispatched after the report was measured
   spends a slot and its prompt tokens (``request_tokens`` when its size is unknown); requests the
   report already counted that complete afterwards give slots back (once the reported waiting queue
-  is drained). A target with no slot left, or less KV budget left than one typical request
-  (``request_tokens``), is unavailable until the next report,
-  however idle it looked: "a replica that was just sent work is no longer known to be empty".
+  is drained). Three races must not give a slot twice: a completion the router hears of within
+  ``seen_margin_s`` after a report was measured may already be missing from it (the engine finished it,
+  the notice was still on its way), so it frees nothing until the next report; a reservation released
+  before it was sent never reached the engine, so no report counted it; and a reservation is dated
+  again when it is really sent (a report measured in between could not have seen it). A target with
+  no slot left, or less KV budget left than one typical request (``request_tokens``), is unavailable
+  until the next report, however idle it looked: "a replica that was just sent work is no longer known
+  to be empty".
   ``max_burst`` is only a safety cap on slots for very stale reports; the KV budget is what tracks
   the engine's real admission limit.
 
@@ -471,7 +476,8 @@ class LoadTracker:
             self.add_target(target)
             st = self._t[target]
         if request_id in st.inflight:
-            return  # counted once, however often the caller reports it
+            self._redate(st, target, request_id, now)  # counted once, however often the caller reports it
+            return
         tokens = tokens if tokens > 0 else self.request_tokens
         pre = tokens if uncached is None else max(0, min(tokens, int(uncached)))
         st.inflight[request_id] = (now, tokens, pre)
@@ -484,10 +490,28 @@ class LoadTracker:
             st.unseen_prefill += pre
         self._refresh(target, st)
 
-    def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None) -> bool:
+    def _redate(self, st: _Target, target: Hashable, request_id: Hashable, now: float) -> None:
+        """A request counted earlier (a reservation) is really sent at ``now``: it is dated then, so a
+        report measured between the two, which could not include it, does not count as having seen it."""
+        t, tok, pre = st.inflight[request_id]
+        if now <= t:
+            return
+        st.inflight[request_id] = (now, tok, pre)
+        if st.stats is not None and t <= st.stats.timestamp - self.seen_margin_s < now:
+            st.unseen += 1
+            st.unseen_tokens += tok
+            st.unseen_prefill += pre
+            self._refresh(target, st)
+
+    def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None,
+                    reached_engine: bool = True) -> bool:
         """Uncount a request (completion, cancel or error). Returns False if it was not in flight.
         ``now`` (the caller's clock) dates the moment the target's in-flight count fell to 0, for
-        the frozen-report rule; without it the request's dispatch time stands in."""
+        the frozen-report rule; without it the request's dispatch time stands in. A request the last
+        report counted frees its slot only if ``now`` is at least ``seen_margin_s`` after that report
+        was measured (an earlier notice may be of a completion the report already left out; without
+        ``now`` it frees it). ``reached_engine=False``: a reservation that was never sent, which no
+        report counted, so it frees no slot a report granted."""
         if target is None:
             target = self._req_target.get(request_id)
         st = self._t.get(target)
@@ -507,7 +531,7 @@ class LoadTracker:
             st.unseen = max(0, st.unseen - 1)
             st.unseen_tokens = max(0, st.unseen_tokens - tok)
             st.unseen_prefill = max(0, st.unseen_prefill - pre)
-        else:
+        elif reached_engine and (now is None or now >= st.stats.timestamp + self.seen_margin_s):
             st.completed_seen += 1
         self._refresh(target, st)
         return True

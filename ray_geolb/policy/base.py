@@ -271,7 +271,7 @@ class Policy:
         if self.sibling_outbox is not None and self.index is not None:  # several routers share their inserts
             self.sibling_outbox.add("d", target, req.prepared_for(self.index))
 
-    def on_complete(self, request_id: Hashable, target: Hashable = None, now: float = 0.0,
+    def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None,
                     ttft_s: Optional[float] = None, ok: bool = True, req: RouteRequest = None) -> None:
         self.tracker.on_complete(request_id, target, now)
 
@@ -336,8 +336,9 @@ class Policy:
 
     def release(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None) -> bool:
         """Uncount a reservation that will not be sent (retried, rejected, failed, cancelled): load
-        only, no completion for the policy to learn from. False if it was not counted."""
-        return self.tracker.on_complete(request_id, target, now)
+        only, no completion for the policy to learn from, and no slot a report granted (no report
+        counted it). False if it was not counted."""
+        return self.tracker.on_complete(request_id, target, now, reached_engine=False)
 
     @property
     def headroom_share(self) -> Tuple[int, int]:

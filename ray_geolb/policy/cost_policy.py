@@ -284,7 +284,7 @@ class CostPolicy(RttHook, PrefixPolicy):
         if self.config.price_cached_context:
             self._mean_pairs += (pairs - self._mean_pairs) / n
 
-    def on_complete(self, request_id, target=None, now=0.0, ttft_s=None, ok=True, req=None):
+    def on_complete(self, request_id, target=None, now=None, ttft_s=None, ok=True, req=None):
         item = self.work.pop(request_id)
         if item is not None and ok and ttft_s is not None:
             self.ttft.observe(item.target, item.uncached_tokens, ttft_s)

@@ -342,3 +342,60 @@ def test_a_pending_allowance_keeps_granting_while_a_few_requests_wait():
     for bad in (-1, 1.5, True):
         with pytest.raises(ValueError, match="pending_allowance"):
             LoadTracker(mode="sp-p", pending_allowance=bad)
+
+
+# ---------------------------------------------------------------------------------------------- no slot twice
+def test_a_completion_heard_of_just_after_a_report_that_left_it_out_frees_no_second_slot():
+    """The engine finished ``x`` at 0.5 and the report measured at 0.6 already shows its slot free; the
+    router hears of ``x``'s end 20 ms after that (Ray's completion notice and the report travel apart).
+    Counting it as a completion the report had counted would grant that slot twice. A completion heard
+    of later than ``seen_margin_s`` after the report frees its slot as before."""
+    t = LoadTracker("sp-p", seen_margin_s=0.05)
+    t.set_targets(["a"])
+    t.on_stats("a", stats(running=1, ts=0.0, max_num_seqs=2))
+    t.on_dispatch("a", "x", now=0.01)
+    assert t.free_slots() == 0
+    t.on_stats("a", stats(running=1, ts=0.6, max_num_seqs=2))  # x ran and ended before this was measured
+    assert t.free_slots() == 1
+    assert t.on_complete("x", now=0.62)
+    assert t.free_slots() == 1  # was 2: one more than the engine's max_num_seqs allows
+    t.on_dispatch("a", "y", now=0.7)
+    t.on_stats("a", stats(running=2, ts=1.0, max_num_seqs=2))  # y runs
+    assert t.free_slots() == 0
+    assert t.on_complete("y", now=1.3)  # the report counted y: its end frees the slot
+    assert t.free_slots() == 1
+
+
+def test_a_reservation_released_before_it_was_sent_frees_no_slot_a_report_granted():
+    """A reservation (``Policy.reserve``) made before a report was measured counts as seen by it, but it
+    never reached the engine: the report's free slots do not include it. Releasing it (rejected,
+    cancelled, sent elsewhere) must not add a freed slot on top of them."""
+    from ray_geolb.policy.base import RouteRequest
+    from ray_geolb.policy.factory import build_policy
+
+    pol = build_policy("geoprefix", ["a"])
+    pol.tracker.seen_margin_s = 0.05
+    pol.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=2))
+    req = RouteRequest("r", "hello " * 40)
+    pol.reserve(req, "a", now=0.1)
+    pol.on_stats("a", stats(running=0, ts=0.5, max_num_seqs=2))  # the engine never got r: 2 free
+    assert pol.tracker.free_slots() == 2
+    assert pol.release("r", "a", now=0.8)
+    assert pol.tracker.free_slots() == 2  # was 3, over the engine's 2 sequence slots
+
+
+def test_a_reservation_sent_after_a_report_is_dated_when_it_was_sent():
+    """Reserved at 0.1, then a report measured at 0.5 (the engine does not have it yet), then sent at
+    0.55: that report cannot have seen it, so it takes one of the report's slots."""
+    t = LoadTracker("sp-p", seen_margin_s=0.05)
+    t.set_targets(["a"])
+    t.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=2))
+    t.on_dispatch("a", "r", now=0.1)  # the reservation
+    t.on_stats("a", stats(running=0, ts=0.5, max_num_seqs=2))
+    assert t.free_slots() == 2 and t.unseen("a") == 0
+    t.on_dispatch("a", "r", now=0.55)  # really sent
+    assert t.unseen("a") == 1 and t.free_slots() == 1
+    t.on_dispatch("a", "r", now=0.3)  # a repeated, older report of the dispatch changes nothing
+    assert t.unseen("a") == 1 and t.free_slots() == 1
+    assert t.on_complete("r", now=0.9)  # sent after the report: its slot comes back as an unseen one
+    assert t.unseen("a") == 0 and t.free_slots() == 2

@@ -55,7 +55,7 @@ class _DPPolicy(Policy):
         self.work.add(WorkItem(req.request_id, target, now, req.prompt_tokens, req.prompt_tokens,
                                req.output_tokens_hint))
 
-    def on_complete(self, request_id, target=None, now=0.0, ttft_s=None, ok=True, req=None):
+    def on_complete(self, request_id, target=None, now=None, ttft_s=None, ok=True, req=None):
         self.work.pop(request_id)
         super().on_complete(request_id, target, now, ttft_s=ttft_s, ok=ok, req=req)
 

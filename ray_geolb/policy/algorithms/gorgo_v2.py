@@ -185,7 +185,7 @@ class GorgoV2(RttHook, PrefixPolicy):
             t, tok = item
             self._queued[t] = max(0, self._queued.get(t, 0) - tok)
 
-    def on_complete(self, request_id, target=None, now=0.0, ttft_s=None, ok=True, req=None):
+    def on_complete(self, request_id, target=None, now=None, ttft_s=None, ok=True, req=None):
         self._uncount(request_id)
         super().on_complete(request_id, target, now, ttft_s=ttft_s, ok=ok, req=req)
         if ok and ttft_s is not None:
