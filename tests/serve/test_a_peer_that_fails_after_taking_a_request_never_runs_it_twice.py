@@ -10,7 +10,8 @@
 * A thief that takes a request and then answers 429 counts it ``sent_back``, as its victim counts it
   ``returned``.
 * Each model call is named after its request, and the engine counts the requests it ran to the end.
-(The same faults on a real cluster, placed by crash hooks: ``test_each_request_runs_once_when_a_peer_dies.py``.)
+(The same faults on a real cluster, placed by crash hooks:
+``test_hand_overs_between_regions_serve_each_request_once.py``.)
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Work stealing at the ingress without a cluster (``serve/ingress/steal.py``): the admission queue hands a
 waiting request over and takes a refused one back at its old place; two real RequestPaths wired by
 in-process handles run the whole exchange -- offer, pick, hand-over, take or refuse -- exactly once.
-(The same exchange on a real Ray Serve cluster: ``test_work_stealing_in_serve.py``.)"""
+(The same exchange on a real Ray Serve cluster:
+``test_hand_overs_between_regions_serve_each_request_once.py``.)"""
 
 from __future__ import annotations
 
