@@ -438,8 +438,11 @@ def test_peer_extras_reach_the_cost_selector(geo):
                                                     json=chat(f"us long {i} " * 300, n=600),
                                                     headers={"x-allowed-regions": "us"})) for i in range(2)]
             deadline = time.time() + 20
-            while (await state("us"))["local_available"] > 0:  # us's 2 engine slots are taken
-                assert time.time() < deadline
+            while True:  # us's 2 engine slots are taken, and us sees both peers (a heartbeat can come late)
+                st = await state("us")
+                if st["local_available"] == 0 and {"eu", "asia"} <= set(st["available_peers"]):
+                    break
+                assert time.time() < deadline, (st["local_available"], st["available_peers"], st["peers"])
                 await asyncio.sleep(0.05)
             probe = await c.post(f"{geo}/us/v1/chat/completions", json=chat("where should I go " * 250, n=4))
             after = await state("us")
@@ -459,6 +462,8 @@ def test_peer_extras_reach_the_cost_selector(geo):
     g = geoh(probe)
     costs = after["last_costs_s"]
     assert (g["route"], g["region"]) == ("forwarded", "asia"), (g, costs, after["peers"])
+    assert "eu" in costs, ("eu was not priced: not an available peer when the probe was decided", costs,
+                           after["available_peers"], after["peers"])
     assert costs["asia"] < costs["eu"] and costs["asia"] < costs["stay"], costs
     rtt = after["last_cost_rtts_ms"]  # the RTTs that comparison used
     beyond_rtt = {r: costs[r] - rtt[r] / 1000 for r in ("eu", "asia")}
