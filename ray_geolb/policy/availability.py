@@ -233,7 +233,7 @@ class ReplicaStats:
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
                  "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill",
-                 "work_mark", "prefill_budget")
+                 "work_mark", "prefill_budget", "quota")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
@@ -252,6 +252,9 @@ class _Target:
         self.kv_budget: Optional[float] = None  # free KV tokens at the report (None: not reported)
         self.tokens_inflight = 0
         self.free = 0  # request slots this router may still send here (see LoadTracker.free_slots)
+        #: with sibling routers: the most requests this router may have in flight here, its share of the
+        #: engine's sequence slots (None: one router, or the engine's size is not reported); LoadTracker.set_share
+        self.quota: Optional[int] = None
 
 
 class LoadTracker:
@@ -377,6 +380,7 @@ class LoadTracker:
         st.credits, st.kv_budget = self._headroom(stats)
         if self.share[1] > 1:
             st.credits, st.kv_budget = self._shared(target, st.credits, st.kv_budget, stats.timestamp)
+            st.quota = None if stats.max_num_seqs is None else self._quota(target, stats.max_num_seqs)
         if stats.num_waiting > 0 and self.stale_report_s is not None:
             self._check_frozen(st, stats.timestamp)
         self._refresh(target, st)
@@ -425,10 +429,22 @@ class LoadTracker:
         Which routers get the left-over slots rotates with the replica (a stable hash of its id) and with
         the report (its measurement time, which every router receives alike): near saturation a report
         has fewer free slots than there are routers, and a fixed choice would leave the same routers
-        without a slot of that replica for ever. ``(0, 1)``: all of it."""
+        without a slot of that replica for ever. ``(0, 1)``: all of it.
+
+        A share alone can still grant a slot twice: the report reaches each router at its own moment, and a
+        router may already have spent more than its new share, under the report before, by then -- its
+        excess lowers no sibling's share. So with ``n > 1`` each router is also held to a fixed part of every
+        engine's sequence slots (``_quota``, of the reported ``max_num_seqs``): it never has more requests in
+        flight there than that, so the routers together never exceed the engine's slots, however late or
+        unevenly the reports arrive. The price: a router cannot use a sibling's idle part (the simulator's
+        ``sibling_headroom`` lends it, ``lend_slot``)."""
         if not (isinstance(n, int) and n >= 1 and isinstance(rank, int) and 0 <= rank < n):
             raise ValueError(f"headroom share: need 0 <= rank < n, got rank={rank!r}, n={n!r}")
         self.share = (rank, n)
+        for target, st in self._t.items():
+            seqs = st.stats.max_num_seqs if st.stats is not None and n > 1 else None
+            st.quota = None if seqs is None else self._quota(target, seqs)
+            self._refresh(target, st)
 
     def lend_slot(self, target: Hashable, to: "LoadTracker") -> bool:
         """Move one unused request slot that the last report granted this router at ``target`` to a sibling
@@ -440,8 +456,12 @@ class LoadTracker:
                 or st.credits <= 0:
             return False
         st.credits -= 1
+        if st.quota is not None:
+            st.quota -= 1
         self._refresh(target, st)
         other.credits += 1
+        if other.quota is not None:
+            other.quota += 1
         to._refresh(target, other)
         return True
 
@@ -450,6 +470,15 @@ class LoadTracker:
         base, extra = divmod(slots, n)
         turn = (rank - zlib.crc32(str(target).encode()) - int(measured_at * 1000.0)) % n
         return base + (1 if turn < extra else 0), (None if kv is None else kv / n)
+
+    def _quota(self, target: Hashable, seqs: int) -> int:
+        """This router's fixed part of an engine's ``seqs`` sequence slots: ``seqs // n``, plus one of the
+        ``seqs % n`` left over for the routers a stable hash of the replica picks (so over many replicas
+        every router gets its turn). At least one: with fewer slots than routers no router may stall, so there
+        the routers together may send an engine up to ``n`` requests."""
+        rank, n = self.share
+        base, extra = divmod(seqs, n)
+        return max(1, base + (1 if (rank - zlib.crc32(str(target).encode())) % n < extra else 0))
 
     def _headroom(self, s: ReplicaStats):
         """(request slots, free KV tokens or None) that a report grants."""
@@ -562,6 +591,8 @@ class LoadTracker:
             return 0
         if st.kv_budget is not None:
             free = min(free, int((st.kv_budget - st.unseen_tokens) // self.request_tokens))
+        if st.quota is not None:
+            free = min(free, st.quota - len(st.inflight))
         if st.prefill_budget is not None and free > 0 and st.unseen_prefill >= st.prefill_budget:
             self.prefill_capped += 1
             return 0

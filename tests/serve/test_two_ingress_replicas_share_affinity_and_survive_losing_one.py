@@ -3,8 +3,9 @@ ingress replica per request, the real registry actor, emulated engines):
 
 * a conversation's turns stay on one model replica whichever ingress replica each turn reaches: each
   replica's router learns its sibling's dispatches through the registry (``serve/ingress/siblings.py``);
-* under a burst, no engine is granted more than SP-P allows: each router takes half of every report's
-  headroom, so the engines' waiting requests stay within the pending allowance;
+* under a burst, no engine is granted more than it has: each router takes half of every report's headroom
+  and keeps no more than half of an engine's slots in flight there, so no request reaches an engine whose
+  every slot is taken (the engines count such arrivals) and the waiting stay within the pending allowance;
 * with one of the two ingress replicas killed under load, no request to the region waits more than 5 s
   (the figures are printed; benchmarks/RESULTS.md records them).
 
@@ -118,7 +119,14 @@ def test_a_burst_never_gets_more_from_an_engine_than_sp_p_grants(geo):
     asyncio.run(_burst(geo))
 
 
+async def _over_capacity_arrivals() -> int:
+    """Requests that reached an engine of us whose every sequence slot was taken, since it started."""
+    stats = [await a.record_routing_stats.remote() for a in model_replica_actors(["geolb-us"]).values()]
+    return sum(int(st["over_capacity_arrivals"]) for st in stats)
+
+
 async def _burst(geo):
+    over_before = await _over_capacity_arrivals()
     stop = asyncio.Event()
     watcher = asyncio.create_task(_engines_busiest(geo, stop))
     async with httpx.AsyncClient(timeout=120, headers=ADMIN) as c:
@@ -127,12 +135,14 @@ async def _burst(geo):
                                     for i in range(BURST)])
     stop.set()
     running, waiting, held = await watcher
+    over = await _over_capacity_arrivals() - over_before
     assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:3]
     print(f"{BURST} requests over 2 ingress replicas and 2 engines ({SEQS} slots each): the busiest engine ran "
           f"{running} and had {waiting} waiting (SP-P allows {SEQS} running and {PENDING_ALLOWANCE} waiting) while "
-          f"up to {held} requests were held at an ingress replica")
+          f"up to {held} requests were held at an ingress replica; {over} reached an engine with every slot taken")
     assert held > 0  # the routers had requests to over-grant with ...
     assert running <= SEQS and waiting <= PENDING_ALLOWANCE  # ... and together granted no more than was free
+    assert over == 0
 
 
 def _ingress_replica_actors():
