@@ -30,7 +30,9 @@ Modes:
   until the next report, however idle it looked: "a replica that was just sent work is no longer known
   to be empty".
   ``max_burst`` is only a safety cap on slots for very stale reports; the KV budget is what tracks
-  the engine's real admission limit.
+  the engine's real admission limit. Several routers over the same replicas (a region's ingress
+  replicas) each take a share of every report and keep no more than their fixed part of an engine's
+  sequence slots in flight there (:meth:`LoadTracker.set_share`).
 
   Two options refine it. **A pending allowance** (``pending_allowance`` k; 0 is SkyLB's rule): a report
   with at most k requests waiting still grants its slots less those k -- near KV saturation most reports
