@@ -86,7 +86,7 @@ def _engine_and_routers(seed, n, seqs=8, period=0.5, lag=(0.3, 0.6), transit=0.0
     router at random, as Ray's proxy spreads them; each router sends while its tracker has a free slot.
     Reports are measured every ``period`` and reach each router with its own lag, so siblings hold reports
     up to ``lag[1] - lag[0]`` apart; requests reach the engine, and their ends reach their router, within
-    the seen margin. Returns (arrivals at a full engine, requests served, requests sent)."""
+    the seen margin. Returns (arrivals at a full engine, requests that arrived, requests sent, requests served)."""
     rng = random.Random(seed)
     routers = pair(n)
     events, seq = [], [0]
@@ -148,12 +148,12 @@ def _engine_and_routers(seed, n, seqs=8, period=0.5, lag=(0.3, 0.6), transit=0.0
         elif kind == "stats":
             routers[a[0]].on_stats("e", a[1])
             pump(a[0], now)
-    return over, served, sent
+    return over, next_id, sent, served
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_siblings_holding_reports_apart_never_send_an_engine_more_than_its_slots(n):
     for seed in range(3):
-        over, served, sent = _engine_and_routers(seed, n)
+        over, arrived, sent, served = _engine_and_routers(seed, n)
         assert over == 0, f"seed {seed}: {over} requests reached a full engine"
-        assert served == sent > 150  # and nothing was stranded: every request was sent and served
+        assert arrived == sent == served > 150  # and no router stranded a request: every one was sent and served
