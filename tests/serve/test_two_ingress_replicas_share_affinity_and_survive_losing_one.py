@@ -125,24 +125,36 @@ async def _over_capacity_arrivals() -> int:
     return sum(int(st["over_capacity_arrivals"]) for st in stats)
 
 
+#: bursts to try: one whose requests the proxy lets in no faster than the engines serve them (a loaded machine;
+#: one CI run's did) puts nothing at an ingress replica to over-grant with, so it is sent again
+BURST_TRIES = 3
+
+
 async def _burst(geo):
     over_before = await _over_capacity_arrivals()
-    stop = asyncio.Event()
-    watcher = asyncio.create_task(_engines_busiest(geo, stop))
-    async with httpx.AsyncClient(timeout=120, headers=ADMIN) as c:
-        rs = await asyncio.gather(*[c.post(f"{geo}/us/v1/completions",
-                                           json={"prompt": f"burst {i} " + "x" * 400, "max_tokens": BURST_TOKENS})
-                                    for i in range(BURST)])
-    stop.set()
-    running, waiting, held = await watcher
-    over = await _over_capacity_arrivals() - over_before
-    assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:3]
-    print(f"{BURST} requests over 2 ingress replicas and 2 engines ({SEQS} slots each): the busiest engine ran "
-          f"{running} and had {waiting} waiting (SP-P allows {SEQS} running and {PENDING_ALLOWANCE} waiting) while "
-          f"up to {held} requests were held at an ingress replica; {over} reached an engine with every slot taken")
-    assert held > 0  # the routers had requests to over-grant with ...
-    assert running <= SEQS and waiting <= PENDING_ALLOWANCE  # ... and together granted no more than was free
-    assert over == 0
+    held = 0
+    for attempt in range(BURST_TRIES):
+        stop = asyncio.Event()
+        watcher = asyncio.create_task(_engines_busiest(geo, stop))
+        async with httpx.AsyncClient(timeout=120, headers=ADMIN) as c:
+            rs = await asyncio.gather(*[c.post(f"{geo}/us/v1/completions",
+                                               json={"prompt": f"burst {attempt}.{i} " + "x" * 400,
+                                                     "max_tokens": BURST_TOKENS})
+                                        for i in range(BURST)])
+        stop.set()
+        running, waiting, held = await watcher
+        over = await _over_capacity_arrivals() - over_before
+        assert all(r.status_code == 200 for r in rs), [r.text for r in rs if r.status_code != 200][:3]
+        print(f"burst {attempt + 1}: {BURST} requests over 2 ingress replicas and 2 engines ({SEQS} slots each): the "
+              f"busiest engine ran {running} and had {waiting} waiting (SP-P allows {SEQS} running and "
+              f"{PENDING_ALLOWANCE} waiting) while up to {held} requests were held at an ingress replica; {over} "
+              f"reached an engine with every slot taken (all bursts so far)")
+        # together the routers granted no more than was free ...
+        assert running <= SEQS and waiting <= PENDING_ALLOWANCE
+        assert over == 0
+        if held > 0:
+            break
+    assert held > 0, f"in {BURST_TRIES} bursts nothing was ever held at an ingress replica: nothing was over-granted"
 
 
 def _ingress_replica_actors():
