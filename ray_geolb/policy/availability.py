@@ -79,6 +79,11 @@ AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
 MAX_TTFT_SAMPLES = 1024
 
 
+def _replica_hash(target: Hashable) -> int:
+    """A replica id's hash, the same in every router's process (which routers get a left-over slot)."""
+    return zlib.crc32(str(target).encode())
+
+
 def _nonneg_number(v, what: str) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise ValueError(f"{what} must be a number, got {v!r}")
@@ -470,7 +475,7 @@ class LoadTracker:
     def _shared(self, target: Hashable, slots: int, kv: Optional[float], measured_at: float = 0.0):
         rank, n = self.share
         base, extra = divmod(slots, n)
-        turn = (rank - zlib.crc32(str(target).encode()) - int(measured_at * 1000.0)) % n
+        turn = (rank - _replica_hash(target) - int(measured_at * 1000.0)) % n
         return base + (1 if turn < extra else 0), (None if kv is None else kv / n)
 
     def _quota(self, target: Hashable, seqs: int) -> int:
@@ -480,7 +485,7 @@ class LoadTracker:
         the routers together may send an engine up to ``n`` requests."""
         rank, n = self.share
         base, extra = divmod(seqs, n)
-        return max(1, base + (1 if (rank - zlib.crc32(str(target).encode())) % n < extra else 0))
+        return max(1, base + (1 if (rank - _replica_hash(target)) % n < extra else 0))
 
     def _headroom(self, s: ReplicaStats):
         """(request slots, free KV tokens or None) that a report grants."""

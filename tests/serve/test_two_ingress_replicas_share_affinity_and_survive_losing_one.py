@@ -149,7 +149,7 @@ async def _burst(geo):
               f"busiest engine ran {running} and had {waiting} waiting (SP-P allows {SEQS} running and "
               f"{PENDING_ALLOWANCE} waiting) while up to {held} requests were held at an ingress replica; {over} "
               f"reached an engine with every slot taken (all bursts so far)")
-        # together the routers granted no more than was free ...
+        # together the routers granted no more than was free
         assert running <= SEQS and waiting <= PENDING_ALLOWANCE
         assert over == 0
         if held > 0:
