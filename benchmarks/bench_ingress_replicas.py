@@ -72,9 +72,17 @@ def workload_runs(name: str, seed: int, args) -> List[dict]:
                  "sim": {"duration_s": args.duration_s, "seed": seed},
                  "deploy": {"policy": {"name": "geoprefix", "availability": {"max_burst": 2}},
                             "two_layer": {"remote": "cost", "cost": cost}}}]
-    run = _base_run(f"{_demand_label(args)}/geoprefix", "geoprefix", parse_placement(args.diurnal),
-                    load_demand(args.demand, args.mean_rps), args.day_s, 1.0, args.profile, SLO(ttft_s=args.slo))
-    return [_seeded(run, seed)]
+    return [_seeded(diurnal_run(args, f"{_demand_label(args)}/geoprefix"), seed)]
+
+
+def diurnal_run(args, label: str) -> dict:
+    """The geo-diurnal deployment's GeoPrefix run (unseeded), with ``--cost``'s settings if any."""
+    deploy = None
+    if args.cost:  # GeoPrefix's cost selector with some settings changed (a probe; the shipped ones otherwise)
+        deploy = {"two_layer": {"remote": "cost",
+                                "cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), **json.loads(args.cost)}}}
+    return _base_run(label, "geoprefix", parse_placement(args.diurnal), load_demand(args.demand, args.mean_rps),
+                     args.day_s, 1.0, args.profile, SLO(ttft_s=args.slo), deploy=deploy)
 
 
 def _demand_label(args) -> str:
@@ -151,6 +159,9 @@ def main(argv=None) -> int:
                                                        "other unused slots at once (DeploymentSpec.sibling_headroom)")
     ap.add_argument("--router-offers", action="store_true", help="steal offers per router, refused at a sibling "
                                                                 "(DeploymentSpec.region_wide_offers=False)")
+    ap.add_argument("--cost", default="", help="the geo-diurnal runs with these GeoPrefix cost-selector settings "
+                                               "changed (JSON, e.g. '{\"forward_hysteresis\": 1.0}'; "
+                                               "CostSelectorConfig), the shipped ones otherwise")
     ap.add_argument("--json", default=None, help="write every measurement here")
     args = ap.parse_args(argv)
     global ROUTER_OFFERS
@@ -194,9 +205,7 @@ def main(argv=None) -> int:
                   f"{sum(m['steals_handed'] for m in ms)} |")
     out = {"rows": rows, "args": vars(args)}
     if args.goodput:
-        run = _base_run(_demand_label(args), "geoprefix", parse_placement(args.diurnal),
-                        load_demand(args.demand, args.mean_rps), args.day_s, 1.0, args.profile,
-                        SLO(ttft_s=args.slo))
+        run = diurnal_run(args, _demand_label(args))
         runs = {f"N={n}": with_routers(run, n, args.steal)
                 for n in (routers[0], routers[-1]) if n == routers[0] or not args.goodput_shared_only}
         runs.update({f"N={routers[-1]}{_shared(d)}": with_routers(run, routers[-1], args.steal, d) for d in shares})
