@@ -28,7 +28,9 @@ SP-P and a fast replica: the light deployment reports ``num_waiting=0``, ``num_r
 and ``max_num_seqs=256`` (no KV fields), so the router knows each replica's headroom
 (min(max_burst, 256 - running)). GeoPrefixRouter runs with its defaults (``max_burst`` 32 per report;
 credits also come back on every completion); ``--max-burst N`` sets ``availability.max_burst`` for
-both GeoPrefixRouter rows, and the run prints it. Prints a table; writes nothing.
+both GeoPrefixRouter rows, and the run prints it. ``--stages`` also times the GeoPrefixRouter rows' stages (hashing,
+tree walk, pricing, request book: ``profile_router_path.py``'s) in thread CPU time, to set beside that script's
+in-process figures. Prints a table; writes nothing.
 """
 
 from __future__ import annotations
@@ -225,11 +227,13 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
     time.sleep(1.5)
     bench_state.TIMES[("bench", key)] = {}
     bench_state.TIMES[("bench-cpu", key)] = {}
+    bench_state.STAGES.clear()
     feeder = SiblingFeeder(geo_serve.router_for(app, "Light")) if key == "GeoShared" else None
     try:
         replicas, wall = asyncio.run(drive(h, reqs, args.concurrency))
     finally:
         fed = feeder.stop() if feeder is not None else None
+    stages = {label: sec * 1e6 / len(reqs) for label, sec in bench_state.STAGES.items()}
     times_ms = [v * 1e3 for v in bench_state.TIMES[("bench", key)].values()]
     cpu_ms = [v * 1e3 for v in bench_state.TIMES[("bench-cpu", key)].values()]
     first = {}
@@ -260,8 +264,30 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
         "cpu_p50_ms": cpu_p50, "cpu_p99_ms": cpu_p99,
         "mean_ms": statistics.fmean(times_ms) if times_ms else float("nan"),
         "rps": len(reqs) / wall, "affinity": hits / max(1, later), "warm": warm_hits / max(1, later),
-        "spread": sorted(counts.values(), reverse=True), "extra": extra,
+        "spread": sorted(counts.values(), reverse=True), "extra": extra, "stages": stages,
     }
+
+
+def time_stages() -> None:
+    """``--stages``: wrap the stages ``profile_router_path.py`` attributes (hashing, tree walk, pricing, request
+    book) in thread-CPU timers, in this process, where the handle's router runs; each router's run then reports
+    their mean us per request. The wrappers add their own cost to the timed p50."""
+    import profile_router_path  # benchmarks/ is sys.path[0]; imported here, as it imports this module
+
+    def wrap(owner, name, label):
+        f = owner.__dict__[name]
+
+        @functools.wraps(f)
+        def timed(*a, **k):
+            c0 = time.thread_time()
+            try:
+                return f(*a, **k)
+            finally:
+                bench_state.STAGES[label] = bench_state.STAGES.get(label, 0.0) + time.thread_time() - c0
+        setattr(owner, name, timed)
+
+    for owner, name, label in profile_router_path.STAGES:
+        wrap(owner, name, label)
 
 
 def main():
@@ -276,6 +302,9 @@ def main():
     ap.add_argument("--prebuilt-prompts", action="store_true",
                     help="build all 600 prompts (19 MB) before the run instead of when each request is sent: the "
                          "router then reads each prompt from DRAM (cold caches), as no real ingress would")
+    ap.add_argument("--stages", action="store_true",
+                    help="also time the GeoPrefixRouter rows' stages (profile_router_path.py's) in thread CPU time; "
+                         "the timers add to the p50")
     ap.add_argument("--max-burst", type=int, default=None,
                     help="GeoPrefixRouter availability.max_burst (default: the router's own default)")
     args = ap.parse_args()
@@ -283,6 +312,8 @@ def main():
     if args.max_burst:
         routers = [(label, cls, key, {"policy": dict(kw["policy"], availability={"max_burst": args.max_burst})}
                     if "policy" in kw else kw) for label, cls, key, kw in ROUTERS]
+    if args.stages:
+        time_stages()
     start_local_ray(num_cpus=args.num_cpus, prefix="rgB", logging_level="error")
     serve.start()
     reqs = make_workload(args.requests)
@@ -330,6 +361,12 @@ def main():
             print(f"{g['router']} vs bar: p50 {v['p50']:.3f} ms (<= 0.1: {ok(v['p50'] <= 0.1)}), "
                   f"p99 {v['p99']:.3f} ms (<= 1: {ok(v['p99'] <= 1.0)}), throughput {v['thr']:.0%} of power-of-two "
                   f"(>= 90%: {ok(v['thr'] >= 0.9)}), affinity {v['aff']:.3f} (>= 0.8: {ok(v['aff'] >= 0.8)})")
+        if args.stages:
+            labels = list(dict.fromkeys(k for g in geo for k in g["stages"]))
+            print("stages, thread CPU us per request (nested stages are included in their callers):")
+            print(f"  {'stage':58s}" + "".join(f"{g['router'][16:-1][:14]:>16s}" for g in geo))
+            for label in labels:
+                print(f"  {label:58s}" + "".join(f"{g['stages'].get(label, 0.0):16.1f}" for g in geo))
         verdicts.append(vs)
         print(f"timed requests: {', '.join(str(r['n_timed']) for r in rows)}")
     if len(verdicts) > 1:

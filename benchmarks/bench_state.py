@@ -9,3 +9,6 @@ nothing in the shipped package keeps scratch space for it.
 
 #: ("bench" | "bench-cpu", router label) -> {internal request id: seconds in the router's hooks}
 TIMES: dict = {}
+
+#: ``bench_router.py --stages``: stage label -> thread CPU seconds in it, over the current router's run
+STAGES: dict = {}

@@ -1,7 +1,7 @@
 """Where GeoPrefixRouter's time per request goes, without a cluster (an attribution aid for
 ``bench_router.py``, not a substitute for it).
 
-    python benchmarks/profile_router_path.py [--requests 3000] [--policies geoprefix,skylb]
+    python benchmarks/profile_router_path.py [--requests 3000] [--policies geoprefix,skylb] [--evict-mb 32]
 
 It drives one GeoPrefixRouter's own hooks -- ``choose_replicas``, ``on_request_routed``,
 ``on_request_completed`` and the replica-set sync -- in a plain asyncio loop, on ``bench_router.py``'s
@@ -13,6 +13,10 @@ routing_context; replica_id, replica_metadata, routing_stats): nothing is sent a
 figures are the router's Python alone, on a warm cache, without Ray's threads and the replica
 processes beside it (``bench_router.py`` measures that; on this 2-core machine the same calls cost
 3-5x as much there).
+
+``--evict-mb`` runs each policy a second time with the CPU caches evicted before every request (``CacheEvictor``:
+outside the timed hooks), side by side with the warm run: what the same Python costs when Ray's threads and the
+replica processes on the same cores have displaced its data between two requests.
 
 Prints, per policy: the time inside ``choose_replicas`` + ``on_request_routed`` per request
 (p50 / p99, ``perf_counter``), then a second pass with each stage wrapped in a timer (the wrappers
@@ -70,7 +74,23 @@ def _router(policy: str) -> GeoPrefixRouter:
     return r
 
 
-async def _drive(policy: str, n: int, replicas: int = 8, concurrency: int = 16) -> list:
+class CacheEvictor:
+    """Between two requests, outside the timed hooks, does what the rest of a Serve process and its neighbours do to
+    the CPU caches: reads every cache line of ``mb`` MB and walks ``objects`` small Python objects, so the router's
+    next call finds its own data and the interpreter's in DRAM rather than in L1/L2 (--evict-mb, --evict-objects)."""
+
+    def __init__(self, mb: int, objects: int):
+        self.buf = bytearray(mb * 1024 * 1024)
+        self.objs = [{"i": i} for i in range(objects)]
+
+    def __call__(self) -> None:
+        if self.buf:
+            bytes(self.buf[::64])  # one byte of every 64-byte line
+        for o in self.objs:
+            o["i"]
+
+
+async def _drive(policy: str, n: int, replicas: int = 8, concurrency: int = 16, evict=None) -> list:
     r = _router(policy)
     reps = [_Replica(f"replica-{i}") for i in range(replicas)]
     for x in reps:
@@ -82,6 +102,8 @@ async def _drive(policy: str, n: int, replicas: int = 8, concurrency: int = 16) 
             metadata=SimpleNamespace(internal_request_id=f"iid-{i}", request_id=f"rid-{i}", session_id=None),
             args=(SimpleNamespace(prompt=make_prompt()),), kwargs={}, future=_Future(), created_at=time.time(),
             routing_context=SimpleNamespace(should_backoff=False))
+        if evict is not None:
+            evict()
         t0 = time.perf_counter()
         out = await r.choose_replicas(reps, pr)
         if not out or not out[0]:
@@ -122,7 +144,7 @@ STAGES = [
 ]
 
 
-def _staged(policy: str, n: int) -> dict:
+def _staged(policy: str, n: int, evict=None) -> dict:
     spent, saved = {}, []
 
     def wrap(owner, name, label):
@@ -141,7 +163,7 @@ def _staged(policy: str, n: int) -> dict:
     for owner, name, label in STAGES:
         wrap(owner, name, label)
     try:
-        asyncio.run(_drive(policy, n))
+        asyncio.run(_drive(policy, n, evict=evict))
     finally:
         for owner, name, f in reversed(saved):
             setattr(owner, name, f)
@@ -152,6 +174,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--requests", type=int, default=3000)
     ap.add_argument("--policies", default="geoprefix,skylb")
+    ap.add_argument("--evict-mb", type=int, default=0,
+                    help="also run each policy with the CPU caches evicted between requests: read this many MB "
+                         "(and walk --evict-objects objects) before each request, outside the timed hooks")
+    ap.add_argument("--evict-objects", type=int, default=300_000)
     args = ap.parse_args()
     policies = [p for p in args.policies.split(",") if p]
     print(f"GeoPrefixRouter's hooks in-process: {args.requests} requests (+{WARMUP} warm-up), 8 replicas, "
@@ -160,11 +186,20 @@ def main() -> None:
         lat = asyncio.run(_drive(p, args.requests))
         p50, p99 = percentile(lat, (50, 99))
         print(f"{p:10s} choose_replicas + on_request_routed per request: p50 {p50:6.1f} us  p99 {p99:6.1f} us")
-    staged = {p: _staged(p, args.requests) for p in policies}
+        if args.evict_mb:
+            ev = CacheEvictor(args.evict_mb, args.evict_objects)
+            e50, e99 = percentile(asyncio.run(_drive(p, args.requests, evict=ev)), (50, 99))
+            print(f"{'':10s} the same, caches evicted between requests ({args.evict_mb} MB read, "
+                  f"{args.evict_objects:,} objects walked): p50 {e50:6.1f} us  p99 {e99:6.1f} us  "
+                  f"({e50 / p50:.1f}x the p50)")
+    columns = {p: _staged(p, args.requests) for p in policies}
+    if args.evict_mb:
+        ev = CacheEvictor(args.evict_mb, args.evict_objects)
+        columns.update({f"{p} evicted": _staged(p, args.requests, evict=ev) for p in policies})
     print("\nstages, mean us per request (each wrapped in a timer; nested stages are included in their callers)")
-    print(f"{'stage':58s}" + "".join(f"{p:>12s}" for p in policies))
+    print(f"{'stage':58s}" + "".join(f"{c:>18s}" for c in columns))
     for _o, _n, label in STAGES:
-        print(f"{label:58s}" + "".join(f"{staged[p][label]:12.1f}" for p in policies))
+        print(f"{label:58s}" + "".join(f"{col[label]:18.1f}" for col in columns.values()))
 
 
 if __name__ == "__main__":
