@@ -29,8 +29,8 @@ and ``max_num_seqs=256`` (no KV fields), so the router knows each replica's head
 (min(max_burst, 256 - running)). GeoPrefixRouter runs with its defaults (``max_burst`` 32 per report;
 credits also come back on every completion); ``--max-burst N`` sets ``availability.max_burst`` for
 both GeoPrefixRouter rows, and the run prints it. ``--stages`` also times the GeoPrefixRouter rows' stages (hashing,
-tree walk, pricing, request book: ``profile_router_path.py``'s) in thread CPU time, to set beside that script's
-in-process figures. Prints a table; writes nothing.
+tree walk, pricing, request book: ``router_stages.py``) in thread CPU time, to set beside
+``profile_router_path.py``'s in-process figures. Prints a table; writes nothing.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import ray
 from ray import serve
 from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router import PrefixCacheAffinityRouter
 from ray.serve._private.request_router import PowerOfTwoChoicesRequestRouter
+from router_stages import wrap_stages  # benchmarks/ is sys.path[0] when this runs
 
 import ray_geolb.serve as geo_serve
 from ray_geolb.percentile import percentile
@@ -269,25 +270,10 @@ def run_one(label, cls, key, kwargs, args, reqs, warm, rnd=0):
 
 
 def time_stages() -> None:
-    """``--stages``: wrap the stages ``profile_router_path.py`` attributes (hashing, tree walk, pricing, request
-    book) in thread-CPU timers, in this process, where the handle's router runs; each router's run then reports
+    """``--stages``: wrap the stages of ``router_stages.py`` (hashing, tree walk, pricing, request book) in
+    thread-CPU timers, in this process, where the handle's router runs; each router's run then reports
     their mean us per request. The wrappers add their own cost to the timed p50."""
-    import profile_router_path  # benchmarks/ is sys.path[0]; imported here, as it imports this module
-
-    def wrap(owner, name, label):
-        f = owner.__dict__[name]
-
-        @functools.wraps(f)
-        def timed(*a, **k):
-            c0 = time.thread_time()
-            try:
-                return f(*a, **k)
-            finally:
-                bench_state.STAGES[label] = bench_state.STAGES.get(label, 0.0) + time.thread_time() - c0
-        setattr(owner, name, timed)
-
-    for owner, name, label in profile_router_path.STAGES:
-        wrap(owner, name, label)
+    wrap_stages(bench_state.STAGES, time.thread_time)
 
 
 def main():
@@ -303,7 +289,7 @@ def main():
                     help="build all 600 prompts (19 MB) before the run instead of when each request is sent: the "
                          "router then reads each prompt from DRAM (cold caches), as no real ingress would")
     ap.add_argument("--stages", action="store_true",
-                    help="also time the GeoPrefixRouter rows' stages (profile_router_path.py's) in thread CPU time; "
+                    help="also time the GeoPrefixRouter rows' stages (router_stages.py) in thread CPU time; "
                          "the timers add to the p50")
     ap.add_argument("--max-burst", type=int, default=None,
                     help="GeoPrefixRouter availability.max_burst (default: the router's own default)")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import os
 import sys
 import time
@@ -38,10 +37,9 @@ from types import SimpleNamespace
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_router import light_report, make_workload  # noqa: E402
+from router_stages import STAGES, unwrap_stages, wrap_stages  # noqa: E402
 
 from ray_geolb.percentile import percentile  # noqa: E402
-from ray_geolb.policy import base, cost_policy, prefix_index, prefix_policy  # noqa: E402
-from ray_geolb.serve import request_book  # noqa: E402
 from ray_geolb.serve.router import GeoPrefixRouter  # noqa: E402
 
 REPORT_PERIOD_S = 0.5  # bench_router's request_routing_stats_period_s
@@ -129,44 +127,13 @@ async def _drive(policy: str, n: int, replicas: int = 8, concurrency: int = 16, 
     return lat
 
 
-STAGES = [
-    (prefix_index.PrefixIndex, "prepare", "hash the prompt (PrefixIndex.prepare)"),
-    (prefix_index.PrefixIndex, "match", "tree walk at choice (PrefixIndex.match)"),
-    (prefix_index.PrefixIndex, "insert", "tree insert at dispatch (PrefixIndex.insert)"),
-    (base.Policy, "choose", "policy.choose (incl. hash, walk, pricing)"),
-    (cost_policy.CostPolicy, "costs", "  cost policies: costs() (incl. hash and walk)"),
-    (prefix_policy.PrefixPolicy, "_record", "index insert via the policy (_record)"),
-    (request_book.RequestBook, "new_entry", "request book: new entry (prompt text, RouteRequest)"),
-    (request_book.RequestBook, "routed", "request book: routed (dispatch, in-flight, decision log)"),
-    (request_book.RequestBook, "completed", "request book: completed"),
-    (GeoPrefixRouter, "_choose", "GeoPrefixRouter._choose (everything at choice)"),
-    (GeoPrefixRouter, "on_request_routed", "GeoPrefixRouter.on_request_routed"),
-]
-
-
 def _staged(policy: str, n: int, evict=None) -> dict:
-    spent, saved = {}, []
-
-    def wrap(owner, name, label):
-        f = owner.__dict__[name]
-        saved.append((owner, name, f))
-
-        @functools.wraps(f)
-        def timed(*a, **k):
-            t0 = time.perf_counter()
-            try:
-                return f(*a, **k)
-            finally:
-                spent[label] = spent.get(label, 0.0) + time.perf_counter() - t0
-        setattr(owner, name, timed)
-
-    for owner, name, label in STAGES:
-        wrap(owner, name, label)
+    spent = {}
+    saved = wrap_stages(spent)
     try:
         asyncio.run(_drive(policy, n, evict=evict))
     finally:
-        for owner, name, f in reversed(saved):
-            setattr(owner, name, f)
+        unwrap_stages(saved)
     return {label: spent.get(label, 0.0) / (n + WARMUP) * 1e6 for _o, _n, label in STAGES}
 
 
