@@ -75,14 +75,15 @@ def workload_runs(name: str, seed: int, args) -> List[dict]:
     return [_seeded(diurnal_run(args, f"{_demand_label(args)}/geoprefix"), seed)]
 
 
-def diurnal_run(args, label: str) -> dict:
-    """The geo-diurnal deployment's GeoPrefix run (unseeded), with ``--cost``'s settings if any."""
+def diurnal_run(args, label: str, multiplier: float = 1.0) -> dict:
+    """The geo-diurnal deployment's GeoPrefix run (unseeded) at the day's rate ``multiplier``, with ``--cost``'s
+    settings if any."""
     deploy = None
     if args.cost:  # GeoPrefix's cost selector with some settings changed (a probe; the shipped ones otherwise)
         deploy = {"two_layer": {"remote": "cost",
                                 "cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), **json.loads(args.cost)}}}
     return _base_run(label, "geoprefix", parse_placement(args.diurnal), load_demand(args.demand, args.mean_rps),
-                     args.day_s, 1.0, args.profile, SLO(ttft_s=args.slo), deploy=deploy)
+                     args.day_s, multiplier, args.profile, SLO(ttft_s=args.slo), deploy=deploy)
 
 
 def _demand_label(args) -> str:

@@ -27,12 +27,10 @@ import bench_ingress_replicas as bench  # noqa: E402 - the deployment and the N-
 
 from ray_geolb.percentile import percentile  # noqa: E402
 from ray_geolb.sim.deploy import deployment_for  # noqa: E402
-from ray_geolb.sim.goodput import SLO  # noqa: E402
-from ray_geolb.sim.plan import _base_run, _seeded  # noqa: E402
+from ray_geolb.sim.plan import _seeded  # noqa: E402
 from ray_geolb.sim.run_spec import RunSpec  # noqa: E402
 from ray_geolb.sim.scenarios import build_workload  # noqa: E402
 from ray_geolb.sim.simulator import Simulator  # noqa: E402
-from ray_geolb.sim.workloads.geo_diurnal import load_demand  # noqa: E402
 
 
 def simulate(run: dict):
@@ -84,9 +82,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     window = tuple(float(x) for x in args.window.split(","))
     share = args.share if args.share == "registry" else float(args.share)
-    base = _seeded(_base_run(f"{args.demand}/geoprefix", "geoprefix", bench.parse_placement(args.diurnal),
-                             load_demand(args.demand, 40.0), 24.0, args.multiplier, "llama3.1-8b-h100",
-                             SLO(ttft_s=1.0)), args.seed)
+    # bench_ingress_replicas.py's geo-diurnal deployment at its defaults (40 req/s, the 24-s day, H100, 1 s)
+    setting = argparse.Namespace(demand=args.demand, diurnal=args.diurnal, mean_rps=40.0, day_s=24.0,
+                                 profile="llama3.1-8b-h100", slo=1.0, cost="")
+    base = _seeded(bench.diurnal_run(setting, f"{args.demand}/geoprefix", args.multiplier), args.seed)
     for n in (int(x) for x in args.routers.split(",")):
         print(f"{args.demand} x{args.multiplier:g}, seed {args.seed}, N = {n}"
               + (f", inserts shared {'through the registry' if share == 'registry' else f'at {share:g} s'}"
