@@ -2,7 +2,7 @@
 
     python benchmarks/bench_faults.py [--systems geoprefix,region-local,sgl,ray-prefix] [--seeds 0,1,2,3]
         [--held-out-seeds 4,5] [--replicas us=2,eu=2,asia=2] [--hour-s 60] [--detect-s 10] [--slo 1]
-        [--workers 2] [--registry-standbys eu] [--out benchmarks/results/faults]
+        [--workers 2] [--registry-standbys eu] [--connect-failover-s 1] [--out benchmarks/results/faults]
 
 Demand ``geo-diurnal-3`` (48 req/s mean, ``load_demand``), engine ``llama3.1-8b-h100``, the same replicas for every
 system. Each scenario simulates one region's peak hour and the hour either side (``faults.peak_fault_run``: each
@@ -13,6 +13,10 @@ registry: peak 19.9 req/s at UTC 4). Every system notices a failure after the sa
 fail over to another region's LB, a central system to its standby in ``eu``; ``sim/faults.py``).
 ``--registry-standbys`` gives the per-region systems standby registries in those regions beside the primary
 in us (``RegionLayerSettings.registry_standbys``; the header says so); by default they have the one registry.
+``--connect-failover-s`` gives every system's clients a failover on a failed connect: a client that cannot reach
+its LB tries the next one (the standby, or the nearest reachable region's LB) that long after its first failed
+send -- a connect timeout, or an edge proxy that retries a failed connect elsewhere -- instead of waiting for the
+health check (``Fault.connect_failover_s``; the header says so); by default none does.
 
 Per (system, scenario, seed), for the requests first sent inside the fault hour: attainment at the TTFT SLO
 ``--slo`` (served within it / sent), the requests that missed it (sent - served within it), goodput (served
@@ -62,11 +66,12 @@ def _runs(args) -> List[dict]:
                 if args.standbys and system in SYSTEMS and SYSTEMS[system].lb_kind == "per-region":
                     base["deploy"]["region_layer"] = {"registry_standbys": list(args.standbys)}
                 run = peak_fault_run(base, region, "outage" if kind == "none" else kind, hour_s=args.hour_s,
-                                     detect_s=args.detect_s)
+                                     detect_s=args.detect_s, connect_failover_s=args.connect_failover_s)
                 if kind == "none":
                     del run["sim"]["faults"]
                 run["meta"] = {"region": region, "kind": kind, "system": system, "seed": seed,
-                               "detect_s": args.detect_s, "slo": args.slo, "steady_s": args.steady_s}
+                               "detect_s": args.detect_s, "connect_failover_s": args.connect_failover_s,
+                               "slo": args.slo, "steady_s": args.steady_s}
                 runs.append(run)
     return runs
 
@@ -193,6 +198,9 @@ def main(argv=None) -> int:
     ap.add_argument("--steady-s", type=float, default=20.0, help="the fault hour's last seconds taken as steady")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--registry-standbys", default="", help="regions of the per-region systems' standby registries")
+    ap.add_argument("--connect-failover-s", type=float, default=None,
+                    help="every system's clients try the next LB this long after a failed connect (default: they "
+                         "wait for the health check's --detect-s)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.standbys = [r for r in args.registry_standbys.split(",") if r]
@@ -208,10 +216,13 @@ def main(argv=None) -> int:
             results.append(r)
             print(f"[{i + 1}/{len(runs)}] {runs[i]['label']}: {r['wall_s']:.1f} s", file=sys.stderr, flush=True)
     wall = time.perf_counter() - t0
+    connect = ("" if args.connect_failover_s is None
+               else f", and its clients try the next LB {args.connect_failover_s:g} s after a failed connect")
     head = (f"faults: demand geo-diurnal-3 (48 req/s mean), replicas "
             f"{','.join(f'{k}={v}' for k, v in args.replicas.items())} for every system, {PROFILE}; each scenario "
             f"is the region's peak hour and one hour either side, an hour = {args.hour_s:g} simulated s; the fault "
-            f"covers the peak hour; detection delay {args.detect_s:g} s for every system; attainment at P99 TTFT "
+            f"covers the peak hour; detection delay {args.detect_s:g} s for every system{connect}; attainment at P99 "
+            f"TTFT "
             f"<= {args.slo:g} s of the requests sent in the fault hour (min/mean/max over seeds, %); goodput = "
             f"those within the SLO per simulated second; per-region systems' registries: us"
             f"{''.join(f' + a standby in {r}' for r in args.standbys)}; {len(runs)} runs, {wall:.0f} s wall")

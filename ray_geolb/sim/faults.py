@@ -57,6 +57,13 @@ else nowhere (the client waits). At the same moments each central LB's targets b
 up and that it can reach. Both sides of a cut with a central system may thus run an LB for a while
 (split brain, as two health-checked sites would).
 
+**A client (or an edge proxy) that fails over on a failed connect, ``connect_failover_s``** (per fault; None, the
+default: none does). A client region whose send cannot reach its LB tries the next one ``connect_failover_s``
+after that first failed send (a connect timeout, or an edge proxy's retry on connect failure), chosen as the
+health check would choose it, and sends its waiting requests there (counted ``fault_connect_failovers``); the
+health check's failover and failback still come at ``detect_s``. It applies to every system alike: a central
+system's client goes to the standby, a per-region system's to the nearest reachable LB.
+
 The figures (:func:`fault_report`, in every summary of a run with faults): per fault window, and within it
 before and after ``detect_s``, and over the whole run, the requests sent (by first send), served, P99 TTFT
 (unserved ones count as infinite) and per TTFT SLO the attainment (served within it / sent) and goodput
@@ -133,29 +140,37 @@ def _num(v: Any, where: str, *, positive: bool = False) -> float:
     return float(v)
 
 
-def _checked(kind: Any, region: Any, start_s: Any, duration_s: Any, detect_s: Any, where: str) -> tuple:
+#: a fault's fields, in :class:`Fault`'s order
+_FIELDS = ("kind", "region", "start_s", "duration_s", "detect_s", "connect_failover_s")
+
+
+def _checked(kind: Any, region: Any, start_s: Any, duration_s: Any, detect_s: Any, where: str,
+             connect_failover_s: Any = None) -> tuple:
     if kind not in FAULT_KINDS:
         raise FaultError(f"{where}.kind must be one of {list(FAULT_KINDS)}, got {kind!r}")
     if not isinstance(region, str) or not region:
         raise FaultError(f"{where}.region must be a region name, got {region!r}")
     return (kind, region, _num(start_s, f"{where}.start_s"), _num(duration_s, f"{where}.duration_s", positive=True),
-            _num(detect_s, f"{where}.detect_s"))
+            _num(detect_s, f"{where}.detect_s"),
+            None if connect_failover_s is None else _num(connect_failover_s, f"{where}.connect_failover_s"))
 
 
 @dataclass(frozen=True)
 class Fault:
     """One fault window: ``kind`` (outage / partition) of ``region`` over ``[start_s, start_s + duration_s)``,
-    noticed after ``detect_s`` (module docstring)."""
+    noticed after ``detect_s``; with ``connect_failover_s``, a client that cannot connect to its LB tries the next
+    one that long after its first failed send (module docstring)."""
 
     kind: str
     region: str
     start_s: float
     duration_s: float
     detect_s: float = DETECT_S
+    connect_failover_s: Optional[float] = None
 
     def __post_init__(self):
-        for name, v in zip(("kind", "region", "start_s", "duration_s", "detect_s"),
-                           _checked(self.kind, self.region, self.start_s, self.duration_s, self.detect_s, "fault")):
+        for name, v in zip(_FIELDS, _checked(self.kind, self.region, self.start_s, self.duration_s, self.detect_s,
+                                             "fault", self.connect_failover_s)):
             object.__setattr__(self, name, v)
 
     @property
@@ -163,23 +178,28 @@ class Fault:
         return self.start_s + self.duration_s
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "region": self.region, "start_s": self.start_s, "duration_s": self.duration_s,
-                "detect_s": self.detect_s}
+        d = {"kind": self.kind, "region": self.region, "start_s": self.start_s, "duration_s": self.duration_s,
+             "detect_s": self.detect_s}
+        if self.connect_failover_s is not None:
+            d["connect_failover_s"] = self.connect_failover_s
+        return d
+
 
 
 def _one(item: Any, where: str) -> Fault:
     if isinstance(item, Fault):
         return item
     if not isinstance(item, dict):
-        raise FaultError(f"{where} must be a dict {{kind, region, start_s, duration_s[, detect_s]}}, got {item!r}")
-    extra = sorted(set(item) - {"kind", "region", "start_s", "duration_s", "detect_s"})
+        raise FaultError(f"{where} must be a dict {{kind, region, start_s, duration_s[, detect_s, "
+                         f"connect_failover_s]}}, got {item!r}")
+    extra = sorted(set(item) - set(_FIELDS))
     if extra:
-        raise FaultError(f"{where}: unknown field(s) {extra}; a fault has kind, region, start_s, duration_s, detect_s")
+        raise FaultError(f"{where}: unknown field(s) {extra}; a fault has {', '.join(_FIELDS)}")
     missing = [k for k in ("kind", "region", "start_s", "duration_s") if k not in item]
     if missing:
         raise FaultError(f"{where}: missing {missing}")
     return Fault(*_checked(item["kind"], item["region"], item["start_s"], item["duration_s"],
-                           item.get("detect_s", DETECT_S), where))
+                           item.get("detect_s", DETECT_S), where, item.get("connect_failover_s")))
 
 
 def check_faults(items: Any, *, duration_s: Optional[float] = None,
@@ -220,8 +240,11 @@ class FaultModel:
         self.down: set = set()  # regions in an outage now
         self.cut: set = set()  # regions partitioned now
         self.parked: List[Any] = []  # requests waiting at their clients for the failover
+        self.connecting: set = set()  # client regions whose connect failover (connect_failover_s) is due
         self.c = {"fault_lost": 0, "fault_client_waits": 0, "fault_failed_over": 0, "fault_call_failures": 0,
                   "fault_reroutes": 0}
+        if any(f.connect_failover_s is not None for f in self.faults):
+            self.c["fault_connect_failovers"] = 0
         #: (LB name, peer region) -> [open until, failures]: the circuits of peers a forward could not reach
         self.circuits: Dict[Tuple[str, str], List[float]] = {}
         dep = sim.dep
@@ -306,10 +329,39 @@ class FaultModel:
         if lb is None or lb.down or not self.client_reaches(region, lb.region):
             self.parked.append(req)
             self.c["fault_client_waits"] += 1
+            self._connect_failover_after(region)
             return None
         if lb is not self.normal[region]:
             self.c["fault_failed_over"] += 1
         return lb
+
+    def _connect_failover_after(self, region: str) -> None:
+        """A client of ``region`` could not connect to its LB: with a fault's ``connect_failover_s`` (the
+        shortest of the faults on now), that client region tries the next LB that long after this first failed
+        send (:meth:`_connect_failover`), instead of waiting for the health check's ``detect_s``."""
+        if region in self.connecting:
+            return
+        now = self.sim.now
+        waits = [f.connect_failover_s for f in self.faults
+                 if f.connect_failover_s is not None and f.start_s <= now < f.end_s + f.detect_s]
+        if waits:
+            self.connecting.add(region)
+            self.sim.push(now + min(waits), FAULT, self._connect_failover, region)
+
+    def _connect_failover(self, region: str) -> None:
+        """The connect failover of one client region: its LB chosen again as the health check would choose it
+        (:meth:`_choose`), and its requests waiting at their clients sent there. If none is reachable they
+        keep waiting (the next failed send tries again)."""
+        self.connecting.discard(region)
+        lb = self._choose(region)
+        self.table[region] = lb
+        if lb is None:
+            return
+        self.c["fault_connect_failovers"] += 1
+        mine = [r for r in self.parked if r.region == region]
+        self.parked = [r for r in self.parked if r.region != region]
+        for req in mine:
+            self.sim._to_lb(req)
 
     def call_failed(self, lb, req, target) -> None:
         """``lb``'s forward to peer LB ``target`` (or dispatch to replica ``target``) cannot connect: the LB
@@ -596,11 +648,13 @@ def peak_hour(rates: Dict[str, Sequence[float]], region: str) -> int:
 
 
 def peak_fault_run(run: Dict[str, Any], region: str, kind: str = "outage", *, hour_s: float = 60.0,
-                   context_h: int = 1, detect_s: float = DETECT_S, tail_s: float = 20.0) -> Dict[str, Any]:
+                   context_h: int = 1, detect_s: float = DETECT_S, tail_s: float = 20.0,
+                   connect_failover_s: Optional[float] = None) -> Dict[str, Any]:
     """A copy of ``run`` (a geo-diurnal run dict: its workload's ``kw`` has ``curves``) that simulates only
     ``region``'s peak hour and ``context_h`` hours either side (clipped to the day), each hour ``hour_s``
     simulated seconds (``day_s = 24 * hour_s``), then ``tail_s``, with ``kind`` (outage / partition) of
-    ``region`` over the whole peak hour, noticed after ``detect_s``. The same run without the fault is
+    ``region`` over the whole peak hour, noticed after ``detect_s`` (and with ``connect_failover_s``, a client
+    that cannot connect tries the next LB that much later). The same run without the fault is
     ``run_with_faults(result, [])``-equivalent: drop ``sim.faults``."""
     run = copy.deepcopy(run)
     kw = run["workload"]["kw"]
@@ -611,6 +665,8 @@ def peak_fault_run(run: Dict[str, Any], region: str, kind: str = "outage", *, ho
     kw["day_s"] = 24.0 * hour_s
     kw["hours"] = [h0, h1]
     run["sim"]["duration_s"] = (h1 - h0) * hour_s + tail_s
-    run["sim"]["faults"] = [{"kind": kind, "region": region, "start_s": (h - h0) * hour_s, "duration_s": hour_s,
-                             "detect_s": detect_s}]
+    fault = {"kind": kind, "region": region, "start_s": (h - h0) * hour_s, "duration_s": hour_s, "detect_s": detect_s}
+    if connect_failover_s is not None:
+        fault["connect_failover_s"] = connect_failover_s
+    run["sim"]["faults"] = [fault]
     return run

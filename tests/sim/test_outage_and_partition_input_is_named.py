@@ -32,6 +32,8 @@ def _f(**over):
     ([_f(duration_s=0)], r"faults\[0\]\.duration_s must be a finite number > 0"),
     ([_f(start_s=-1)], r"faults\[0\]\.start_s must be a finite number >= 0"),
     ([_f(detect_s=float("nan"))], r"faults\[0\]\.detect_s must be a finite number"),
+    ([_f(connect_failover_s=-0.5)], r"faults\[0\]\.connect_failover_s must be a finite number >= 0, got -0.5"),
+    ([_f(connect_failover_s="1s")], r"faults\[0\]\.connect_failover_s must be a finite number"),
     ([_f(kind="flood")], r"faults\[0\]\.kind must be one of \['outage', 'partition'\], got 'flood'"),
     ([_f(), _f(kind="partition", start_s=4.0)], r"faults\[0\] and faults\[1\] overlap on region 'eu'"),
     ([_f(), _f(when=3)], r"faults\[1\]: unknown field\(s\) \['when'\]"),

@@ -128,3 +128,45 @@ def test_the_fault_report_and_determinism():
                                       "detect_s": DETECT}]
     _, c, _ = _sim("geoprefix", seed=1, faults=[])  # the same hours without the fault: no fault figures
     assert "faults" not in summarize(c) and c.faults is None
+
+
+CONNECT = 0.5  # a client's connect failover: the next LB 0.5 s after its first failed send
+
+
+def _outage(region, connect=CONNECT):
+    return [{"kind": "outage", "region": region, "start_s": S, "duration_s": DUR, "detect_s": DETECT,
+             "connect_failover_s": connect}]
+
+
+@pytest.mark.parametrize("system,region,to", [("region-local", "eu", "us"), ("geoprefix", "eu", "us"),
+                                              ("ll", "us", "eu")])
+def test_a_client_that_fails_over_on_a_failed_connect_does_not_wait_for_the_health_check(system, region, to):
+    sim, res, done = _sim(system, region=region, faults=_outage(region), drain=True)
+    c = res.counters
+    assert c["fault_connect_failovers"] > 0 and c["fault_client_waits"] > 0
+    assert c["in_flight_at_end"] == 0
+    assert c["requests_sent"] == c["requests_completed"] + c["requests_rejected"]
+    firsts = [req.rid.partition("~")[0] for req in done]
+    assert len(set(firsts)) == len(firsts)  # still no request answered twice
+    clients = [r for r in done if r.region == region and S <= r.t_send < S + DETECT and "~" not in r.rid]
+    assert clients
+    for r in clients:  # every one reached a live LB well before the health check's failover
+        assert r.entry.region == to or r.entry.name.startswith("standby")
+        assert r.t_lb < S + DETECT
+        if r.t_send < S + CONNECT:  # the first failed send was at S or later: these waited for the failover
+            assert r.t_lb >= S + CONNECT
+    # and served sooner than the same clients are with only the health check
+    _, res0, done0 = _sim(system, region=region)
+    late = [r.t_first + r.path - r.t_send for r in clients]
+    late0 = [r.t_first + r.path - r.t_send for r in done0
+             if r.region == region and S <= r.t_send < S + DETECT and "~" not in r.rid]
+    assert percentile(late, (50,))[0] < percentile(late0, (50,))[0] - 1.0
+
+
+def test_a_connect_failover_in_the_config_round_trips_and_without_it_a_run_is_unchanged():
+    _, a, _ = _sim("geoprefix", seed=1, faults=_outage("eu"))
+    assert summarize(a)["config"]["faults"][0]["connect_failover_s"] == CONNECT
+    _, b, _ = _sim("geoprefix", seed=1, faults=_outage("eu", None))
+    _, c, _ = _sim("geoprefix", seed=1)
+    assert dumps(summarize(b)) == dumps(summarize(c))  # None is the default: the health check alone
+    assert "fault_connect_failovers" not in c.counters
