@@ -185,7 +185,6 @@ class Fault:
         return d
 
 
-
 def _one(item: Any, where: str) -> Fault:
     if isinstance(item, Fault):
         return item
