@@ -222,8 +222,7 @@ def main(argv=None) -> int:
             f"{','.join(f'{k}={v}' for k, v in args.replicas.items())} for every system, {PROFILE}; each scenario "
             f"is the region's peak hour and one hour either side, an hour = {args.hour_s:g} simulated s; the fault "
             f"covers the peak hour; detection delay {args.detect_s:g} s for every system{connect}; attainment at P99 "
-            f"TTFT "
-            f"<= {args.slo:g} s of the requests sent in the fault hour (min/mean/max over seeds, %); goodput = "
+            f"TTFT <= {args.slo:g} s of the requests sent in the fault hour (min/mean/max over seeds, %); goodput = "
             f"those within the SLO per simulated second; per-region systems' registries: us"
             f"{''.join(f' + a standby in {r}' for r in args.standbys)}; {len(runs)} runs, {wall:.0f} s wall")
     text = [head, "", f"seeds {','.join(map(str, args.seeds))}:", _table(results, args.seeds, args), "",

@@ -156,7 +156,7 @@ def test_a_client_that_fails_over_on_a_failed_connect_does_not_wait_for_the_heal
         if r.t_send < S + CONNECT:  # the first failed send was at S or later: these waited for the failover
             assert r.t_lb >= S + CONNECT
     # and served sooner than the same clients are with only the health check
-    _, res0, done0 = _sim(system, region=region)
+    _, _, done0 = _sim(system, region=region)
     late = [r.t_first + r.path - r.t_send for r in clients]
     late0 = [r.t_first + r.path - r.t_send for r in done0
              if r.region == region and S <= r.t_send < S + DETECT and "~" not in r.rid]
