@@ -701,6 +701,11 @@ class EngineModel:
     def num_unfinished(self) -> int:
         return len(self._reqs)
 
+    def generated_tokens(self, request_id: str) -> Optional[int]:
+        """Output tokens generated so far for a request still in this engine (None: not here)."""
+        s = self._reqs.get(request_id)
+        return None if s is None else s.num_output
+
     def step_time(self, chunks=(), decode_contexts=()) -> float:
         """``profile.step_time``: seconds of a step with these prefill chunks and decode contexts."""
         return self.profile.step_time(chunks, decode_contexts)

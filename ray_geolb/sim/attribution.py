@@ -12,10 +12,12 @@ A request's TTFT in the simulator is the sum of
   prompt tokens, and the steps it shares with the others in the batch;
 * ``other``: the rest -- the engine's fixed per-request overhead, and a refused request's retry back-off.
 
-A request *lost* at an SLO is one whose TTFT is over it, or one sent but never answered by the run's
-cut-off (``missed``: counted, not split). For each run the lost requests' seconds are summed per part, and
-each lost request is also counted under its largest part (``dominant``), beside the same means over every
-completed request. Read from :class:`~ray_geolb.sim.simulator.SimResult`'s ``requests`` and ``breakdown``.
+A request *lost* at an SLO is one whose TTFT is over it, or one sent without a first token by the run's
+cut-off (``missed``: counted, not split). A request still decoding at the cut-off has its TTFT
+(``SimResult.unfinished``): it counts as answered (``completed``; ``decoding`` of them). For each run the
+lost requests' seconds are summed per part, and each lost request is also counted under its largest part
+(``dominant``), beside the same means over every answered request. Read from
+:class:`~ray_geolb.sim.simulator.SimResult`'s ``requests`` and ``breakdown`` (and ``unfinished``).
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ def _parts(rec: tuple, bd: tuple) -> Dict[str, float]:
 
 def attribute(res, slo_ttft_s: float, sent: Optional[int] = None) -> Dict[str, Any]:
     """One run's attribution (module docstring). ``sent``: requests sent (None: the completed ones only)."""
-    recs: List[tuple] = res.requests
-    bds: List[tuple] = res.breakdown or []
+    decoding = list(getattr(res, "unfinished", None) or ())
+    recs: List[tuple] = list(res.requests) + decoding
+    bds: List[tuple] = list(res.breakdown or []) + list(getattr(res, "unfinished_breakdown", None) or ())
     if len(bds) != len(recs):
         raise ValueError(f"attribute: {len(recs)} request records but {len(bds)} breakdowns "
                          "(run with keep_requests on)")
@@ -58,18 +61,19 @@ def attribute(res, slo_ttft_s: float, sent: Optional[int] = None) -> Dict[str, A
                 lost[p] += v
             dominant[max(PARTS, key=lambda p: parts[p])] += 1
     missed = max(0, (sent if sent is not None else len(recs)) - len(recs))
-    return {"completed": len(recs), "lost": n_lost, "lost_cross_region": n_lost_cross, "missed": missed,
-            "lost_s": lost, "all_s": every, "dominant": dominant, "lost_uncached_tokens": uncached_lost}
+    return {"completed": len(recs), "decoding": len(decoding), "lost": n_lost, "lost_cross_region": n_lost_cross,
+            "missed": missed, "lost_s": lost, "all_s": every, "dominant": dominant,
+            "lost_uncached_tokens": uncached_lost}
 
 
 def merge(items: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
     """Several runs' attributions (e.g. one per seed) summed."""
-    out: Dict[str, Any] = {"completed": 0, "lost": 0, "lost_cross_region": 0, "missed": 0,
+    out: Dict[str, Any] = {"completed": 0, "decoding": 0, "lost": 0, "lost_cross_region": 0, "missed": 0,
                            "lost_s": {p: 0.0 for p in PARTS}, "all_s": {p: 0.0 for p in PARTS},
                            "dominant": {p: 0 for p in PARTS}, "lost_uncached_tokens": 0}
     for a in items:
-        for k in ("completed", "lost", "lost_cross_region", "missed", "lost_uncached_tokens"):
-            out[k] += a[k]
+        for k in ("completed", "decoding", "lost", "lost_cross_region", "missed", "lost_uncached_tokens"):
+            out[k] += a.get(k, 0)
         for k in ("lost_s", "all_s", "dominant"):
             for p in PARTS:
                 out[k][p] += a[k][p]
@@ -88,7 +92,7 @@ def attribution_rows(by_system: Dict[str, Dict[str, Any]]) -> List[List[str]]:
             row += [f"{a['lost_s'][p] / n:.3f} ({a['lost_s'][p] / tot:.0%})" if n else "-",
                     str(a["dominant"][p]), f"{a['all_s'][p] / c:.3f}"]
         rows.append(row)
-    rows.append(["lost (cross-region) / missed / completed"] + [
+    rows.append(["lost (cross-region) / missed / answered"] + [
         x for a in by_system.values()
         for x in (f"{a['lost']} ({a['lost_cross_region']})", str(a["missed"]), str(a["completed"]))])
     return rows

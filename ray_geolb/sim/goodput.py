@@ -3,11 +3,15 @@
 * :class:`SLO`: a P99 TTFT bound (s) and an optional P99 TPOT bound (s per output token after the first).
 * :func:`slo_run` (the per-run function the runner ships, :func:`~ray_geolb.sim.sweep.run_many`'s ``fn``):
   one open-loop run, the arrivals cut at the workload's end and the simulation at ``duration_s`` (the
-  workload's day plus a tail, :func:`tail_s`). Every request SENT counts: one not completed by the
-  cut-off (still queued, refused until then, or rejected) counts as an SLO miss with an infinite TTFT and
-  TPOT (the tail is longer than the SLO, so a request without its first token by then missed it). From the
-  simulator's per-request records ``(t_send, ttft, e2e, prompt, output, ...)``: TTFT as recorded,
-  TPOT = (e2e - ttft) / (output - 1) for outputs of 2+ tokens. Reported: P99 TTFT / TPOT over all sent
+  workload's day plus a tail, :func:`tail_s`). Every request SENT counts: one whose first token had not
+  reached its client by the cut-off (still queued, refused until then, or rejected) counts as an SLO miss
+  with an infinite TTFT and TPOT (the tail is longer than the SLO, so a request without its first token by
+  then missed it). From the simulator's per-request records ``(t_send, ttft, e2e, prompt, output, ...)``:
+  TTFT as recorded, TPOT = (e2e - ttft) / (output - 1) for outputs of 2+ tokens. A request still decoding
+  at the cut-off (a long output late in the day: its first token came, its last had not) counts with its
+  TTFT and the TPOT it had so far (``SimResult.unfinished``; None under 2 tokens, then it counts in TTFT
+  only). (Such a request used to count as a miss: near the knee the tail held more than 1 % of them, and a
+  run whose every first token met the SLO read an infinite P99.) Reported: P99 TTFT / TPOT over all sent
   requests, attainment (the share of sent requests within every SLO), the same per client region and
   per hour of the (compressed) day. A run MEETS the SLO when the P99s over all requests and over each
   client region's requests are within it (so a small region cannot be starved inside the global 1 %);
@@ -121,7 +125,8 @@ def simulate_run(run: Dict[str, Any], progress=None) -> tuple:
 
 
 def _tally(spec, wl, res, hours_of) -> Dict[str, Any]:
-    """Requests sent (per client region, per hour) and each completed one's (TTFT, TPOT) row, grouped alike."""
+    """Requests sent (per client region, per hour) and the (TTFT, TPOT) row of each one whose first token reached
+    its client by the cut-off (completed, or still decoding), grouped alike."""
     sent_by_region: Dict[str, int] = {}
     sent_by_hour: Dict[tuple, int] = {}
     for t, prog in wl.open.arrivals:
@@ -133,12 +138,17 @@ def _tally(spec, wl, res, hours_of) -> Dict[str, Any]:
     by_region: Dict[str, List[tuple]] = {r: [] for r in sent_by_region}
     by_hour: Dict[tuple, List[tuple]] = {k: [] for k in sent_by_hour}
     rows = []
-    for t_send, ttft, e2e, _prompt, out, _w, _cross, region, _rep in res.requests:
-        row = (ttft, (e2e - ttft) / (out - 1) if out > 1 else None)  # TPOT: after the first token
-        rows.append(row)
-        by_region.setdefault(region, []).append(row)
-        if hours_of:
-            by_hour.setdefault((region, int(t_send // hours_of)), []).append(row)
+    answered = [((t_send, ttft, (e2e - ttft) / (out - 1) if out > 1 else None, region)  # TPOT: after the first token
+                 for t_send, ttft, e2e, _prompt, out, _w, _cross, region, _rep in res.requests),
+                ((t_send, ttft, tpot, region)  # still decoding at the cut-off: the TPOT so far
+                 for t_send, ttft, tpot, _prompt, _out, _w, _cross, region, _rep in res.unfinished or ())]
+    for part in answered:
+        for t_send, ttft, tpot, region in part:
+            row = (ttft, tpot)
+            rows.append(row)
+            by_region.setdefault(region, []).append(row)
+            if hours_of:
+                by_hour.setdefault((region, int(t_send // hours_of)), []).append(row)
     return {"rows": rows, "sent": sum(sent_by_region.values()), "by_region": by_region, "hourly": bool(hours_of),
             "sent_by_region": sent_by_region, "by_hour": by_hour, "sent_by_hour": sent_by_hour}
 

@@ -253,6 +253,12 @@ class SimResult:
     breakdown: Optional[List[tuple]] = None
     #: a run with faults: what each fault window saw (``FaultModel.result``; ``faults.fault_report`` reads it)
     faults: Optional[dict] = None
+    #: per request still in flight at the cut-off whose first token had reached its client by then (a long
+    #: output still decoding): ``requests``' fields with ``e2e`` replaced by the TPOT measured so far -- (cut-off
+    #: or engine finish - first token) / (tokens generated - 1), None under 2 tokens; with keep_requests only
+    unfinished: Optional[List[tuple]] = None
+    #: their ``breakdown`` rows, in the same order
+    unfinished_breakdown: Optional[List[tuple]] = None
 
 
 class Simulator:
@@ -759,6 +765,7 @@ class Simulator:
                   "drain": self.cfg.drain}
         if faults is not None:
             config["faults"] = [f.to_dict() for f in self.cfg.faults]
+        unfinished = self._decoding_at_cutoff() if self.cfg.keep_requests else None
         return SimResult(
             config=config,
             deployment=self.dep.to_dict(),
@@ -774,7 +781,35 @@ class Simulator:
             ideal=self.ideal.summary(),
             load=self.load.summary(),
             faults=faults,
+            unfinished=[u[0] for u in unfinished] if unfinished is not None else None,
+            unfinished_breakdown=[u[1] for u in unfinished] if unfinished is not None else None,
         )
+
+    def _decoding_at_cutoff(self) -> List[tuple]:
+        """(record, breakdown) of each request in flight at the cut-off whose first token had reached its
+        client by then (``SimResult.unfinished``): still decoding at its engine, or done there with its last
+        token on the way back. Its TTFT is known; a request without a first token by the cut-off is not here."""
+        end = self.cfg.duration_s
+        seen = {}
+        for q in self._reqs.values():  # at an engine
+            seen[q.rid] = q
+        for item in self._heap:  # finished at the engine, the end of the answer still on its way
+            if item[2] == CLIENT_DONE and isinstance(item[3], _Req):
+                seen.setdefault(item[3].rid, item[3])
+        out = []
+        for q in seen.values():
+            if q.lost or q.t_first is None or q.t_first + q.path > end:
+                continue
+            if q.t_fin is not None:
+                n, last = q.out, q.t_fin
+            else:
+                g = q.replica.engine.generated_tokens(q.rid) if q.replica is not None else None
+                n, last = (g or 0), end
+            tpot = (last - q.t_first) / (n - 1) if n > 1 else None
+            out.append(((q.t_send, q.t_first + q.path - q.t_send, tpot, q.prompt, q.out, q.lb_wait, q.cross,
+                         q.region, q.replica.id), (2.0 * q.path, q.eng_queued, q.eng_prefill, q.eng_uncached or 0)))
+        out.sort(key=lambda u: u[0][0])
+        return out
 
 
 def central_rtt_fn(replicas: Dict[str, _Replica], net, lb_region: str):
