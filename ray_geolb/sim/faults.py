@@ -596,7 +596,8 @@ def _guarded(handler, guard):
 def window_figures(rows: List[tuple], t0: float, t1: float, sent: int, slos: Sequence[float] = REPORT_SLOS,
                    region: Optional[str] = None) -> Dict[str, Any]:
     """Figures of the requests first sent in ``[t0, t1)`` (``sent`` of them; by clients of ``region`` if given),
-    from the completed ``rows`` (``SimResult.requests``): ``sent``, ``served``, ``p99_ttft_s`` (unserved ones
+    from the answered ``rows`` (``SimResult.requests``, and ``unfinished``: still decoding at the cut-off, their
+    first token come): ``sent``, ``served``, ``p99_ttft_s`` (unserved ones
     infinite; None if it is), ``by_slo[f"{slo:g}"]``: ``attainment`` (served within the SLO / sent) and
     ``goodput_rps`` (served within it per second of the window)."""
     ttft = [r[1] for r in rows if t0 <= r[0] < t1 and (region is None or r[7] == region)]
@@ -623,7 +624,7 @@ def fault_report(result, slos: Sequence[float] = REPORT_SLOS) -> Optional[Dict[s
     raw = getattr(result, "faults", None)
     if not raw:
         return None
-    rows = result.requests
+    rows = list(result.requests) + list(getattr(result, "unfinished", None) or ())  # by their first token
     dur = float(result.config["duration_s"])
     out: Dict[str, Any] = {"slos": list(slos), "standby_region": raw["standby_region"],
                            "run": window_figures(rows, 0.0, dur, result.counters["requests_sent"], slos), "windows": []}

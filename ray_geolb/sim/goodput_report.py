@@ -220,7 +220,8 @@ def format_goodput(out: Dict[str, Any], attribute: bool = False) -> str:
 
             att = {s: d["by_slo"][k]["attribution_at"] for s, d in out["systems"].items()}
             text += (f"\n\nwhere the requests lost at x{sr['at']:g} spent their TTFT (summed over seeds; lost: TTFT "
-                     "over the SLO, missed: never answered; sim/attribution.py):\n")
+                     "over the SLO, missed: no first token by the cut-off; answered: first token came, "
+                     "decoding ones included; sim/attribution.py):\n")
             text += text_table(attribution_rows(att))
     if len(out["slos"]) > 1:
         rows = [["system"] + out["slo_texts"]]
