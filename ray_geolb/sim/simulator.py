@@ -586,7 +586,8 @@ class Simulator:
             self._call_done(run, ci)
             return
         rreq = RouteRequest(request_id=rid, text=text, session_key=call.session_key, prompt_tokens=ntok,
-                            region=region, tenant=call.tenant, reply_span=call.reply_span(text), driver_data=hashes)
+                            region=region, tenant=call.tenant, reply_span=call.reply_span(text), driver_data=hashes,
+                            output_tokens_hint=call.max_tokens or 0)  # the ingress's hint: the client's max_tokens
         req = _Req(rid, run, ci, region, rreq, ntok, out, hashes, self.now, call.max_tokens)
         req.ideal_hit = self.ideal.observe(ntok, hashes)
         full = req.reply_text = call.text_with_reply
@@ -618,7 +619,8 @@ class Simulator:
         rid = f"{base}~{int(n or 0) + 1}"
         r = req.rreq
         rreq = RouteRequest(request_id=rid, text=r.text, session_key=r.session_key, prompt_tokens=r.prompt_tokens,
-                            region=r.region, tenant=r.tenant, reply_span=r.reply_span, driver_data=r.driver_data)
+                            region=r.region, tenant=r.tenant, reply_span=r.reply_span, driver_data=r.driver_data,
+                            output_tokens_hint=r.output_tokens_hint)
         new = _Req(rid, req.run, req.ci, req.region, rreq, req.prompt, req.out, req.hashes, req.t_send, req.max_tokens)
         new.kv_hashes, new.ideal_hit, new.reply_text = req.kv_hashes, req.ideal_hit, req.reply_text
         return new

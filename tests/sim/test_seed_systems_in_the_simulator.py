@@ -224,3 +224,23 @@ def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_do
     assert got["engine_steps"] == pytest.approx(1.0, abs=0.10), got
     print(profile, got)
     assert abs(got["engine_steps"] - 1.0) < abs(got["ttft"] - 1.0), got
+
+
+def test_a_policy_sees_the_clients_max_tokens_as_its_output_hint_as_behind_the_serve_ingress(monkeypatch):
+    """The Serve ingress hands the router the request's max_tokens (``RouteRequest.output_tokens_hint``); the
+    simulator hands its policies the same, so BalanceRoute's KV projection reads one figure in both."""
+    from ray_geolb.policy.algorithms.balanceroute import BR0
+
+    seen = []
+    pick = BR0._pick
+
+    def recording(self, req, eligible, now):
+        seen.append(req.output_tokens_hint)
+        return pick(self, req, eligible, now)
+
+    monkeypatch.setattr(BR0, "_pick", recording)
+    wl = build_workload({"name": "conversation:wildchat", "kw": {"clients": {"us": 4}, "seed": 0, "max_tokens": 96}})
+    dep = deployment_for("br0", {"us": 2})
+    res = Simulator(wl, dep, SimConfig(duration_s=6.0, seed=0)).run()
+    assert res.counters["requests_completed"] > 0
+    assert seen and set(seen) == {96}
