@@ -767,51 +767,42 @@ class Simulator:
                   "drain": self.cfg.drain}
         if faults is not None:
             config["faults"] = [f.to_dict() for f in self.cfg.faults]
-        unfinished = self._decoding_at_cutoff() if self.cfg.keep_requests else None
+        unfinished, unfinished_bd = (decoding_at_cutoff(self._reqs.values(), self._heap, self.cfg.duration_s)
+                                     if self.cfg.keep_requests else (None, None))
         return SimResult(
-            config=config,
-            deployment=self.dep.to_dict(),
+            config=config, deployment=self.dep.to_dict(),
             workload={"name": wl.name, "description": wl.description,
                       "kind": "closed" if wl.closed is not None else "open"},
-            elapsed_s=elapsed,
-            requests=self.records,
-            breakdown=self.breakdown,
-            counters=c,
-            engine_stats=eng,
-            samples=self.samples,
-            decisions=dict(self.decisions),
-            ideal=self.ideal.summary(),
-            load=self.load.summary(),
-            faults=faults,
-            unfinished=[u[0] for u in unfinished] if unfinished is not None else None,
-            unfinished_breakdown=[u[1] for u in unfinished] if unfinished is not None else None,
+            elapsed_s=elapsed, requests=self.records, breakdown=self.breakdown, counters=c, engine_stats=eng,
+            samples=self.samples, decisions=dict(self.decisions), ideal=self.ideal.summary(),
+            load=self.load.summary(), faults=faults, unfinished=unfinished, unfinished_breakdown=unfinished_bd,
         )
 
-    def _decoding_at_cutoff(self) -> List[tuple]:
-        """(record, breakdown) of each request in flight at the cut-off whose first token had reached its
-        client by then (``SimResult.unfinished``): still decoding at its engine, or done there with its last
-        token on the way back. Its TTFT is known; a request without a first token by the cut-off is not here."""
-        end = self.cfg.duration_s
-        seen = {}
-        for q in self._reqs.values():  # at an engine
-            seen[q.rid] = q
-        for item in self._heap:  # finished at the engine, the end of the answer still on its way
-            if item[2] == CLIENT_DONE and isinstance(item[3], _Req):
-                seen.setdefault(item[3].rid, item[3])
-        out = []
-        for q in seen.values():
-            if q.lost or q.t_first is None or q.t_first + q.path > end:
-                continue
-            if q.t_fin is not None:
-                n, last = q.out, q.t_fin
-            else:
-                g = q.replica.engine.generated_tokens(q.rid) if q.replica is not None else None
-                n, last = (g or 0), end
-            tpot = (last - q.t_first) / (n - 1) if n > 1 else None
-            out.append(((q.t_send, q.t_first + q.path - q.t_send, tpot, q.prompt, q.out, q.lb_wait, q.cross,
-                         q.region, q.replica.id), (2.0 * q.path, q.eng_queued, q.eng_prefill, q.eng_uncached or 0)))
-        out.sort(key=lambda u: u[0][0])
-        return out
+
+def decoding_at_cutoff(reqs, heap: list, end: float) -> Tuple[List[tuple], List[tuple]]:
+    """The records and breakdown rows (``SimResult.unfinished`` / ``unfinished_breakdown``) of each request in
+    flight at the cut-off ``end`` whose first token had reached its client by then: still decoding at its engine
+    (``reqs``: the simulator's requests at an engine), or done there with its last token still on its way back
+    (a ``CLIENT_DONE`` event left in ``heap``). Its TTFT is known; a request without a first token by ``end`` is
+    not here (a miss, for the SLO yardstick)."""
+    seen = {q.rid: q for q in reqs}
+    for item in heap:
+        if item[2] == CLIENT_DONE and isinstance(item[3], _Req):
+            seen.setdefault(item[3].rid, item[3])
+    out = []
+    for q in seen.values():
+        if q.lost or q.t_first is None or q.t_first + q.path > end:
+            continue
+        if q.t_fin is not None:
+            n, last = q.out, q.t_fin
+        else:
+            g = q.replica.engine.generated_tokens(q.rid) if q.replica is not None else None
+            n, last = (g or 0), end
+        tpot = (last - q.t_first) / (n - 1) if n > 1 else None
+        out.append(((q.t_send, q.t_first + q.path - q.t_send, tpot, q.prompt, q.out, q.lb_wait, q.cross,
+                     q.region, q.replica.id), (2.0 * q.path, q.eng_queued, q.eng_prefill, q.eng_uncached or 0)))
+    out.sort(key=lambda u: u[0][0])
+    return [u[0] for u in out], [u[1] for u in out]
 
 
 def central_rtt_fn(replicas: Dict[str, _Replica], net, lb_region: str):
