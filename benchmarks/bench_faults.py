@@ -103,7 +103,7 @@ def one(run: Dict[str, Any]) -> Dict[str, Any]:
             sent["detecting" if t < td else "after"] += 1
             sent["transient" if t < ts else "steady"] += 1
             sent["region"] += prog.region == meta["region"]
-    rows, slos = res.requests, (meta["slo"],)
+    rows, slos = res.answered()[0], (meta["slo"],)  # by their first token, as fault_report
     c = res.counters
     return {**meta, "wall_s": time.perf_counter() - t0, "window": [s, e], "hour_s": hour,
             "all": window_figures(rows, s, e, sent["all"], slos),

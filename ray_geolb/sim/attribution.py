@@ -38,9 +38,8 @@ def _parts(rec: tuple, bd: tuple) -> Dict[str, float]:
 
 def attribute(res, slo_ttft_s: float, sent: Optional[int] = None) -> Dict[str, Any]:
     """One run's attribution (module docstring). ``sent``: requests sent (None: the completed ones only)."""
-    decoding = list(getattr(res, "unfinished", None) or ())
-    recs: List[tuple] = list(res.requests) + decoding
-    bds: List[tuple] = list(res.breakdown or []) + list(getattr(res, "unfinished_breakdown", None) or ())
+    recs, bds = res.answered()  # field 2 (e2e or TPOT so far) is not read here
+    decoding = res.unfinished or ()
     if len(bds) != len(recs):
         raise ValueError(f"attribute: {len(recs)} request records but {len(bds)} breakdowns "
                          "(run with keep_requests on)")

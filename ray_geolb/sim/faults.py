@@ -624,7 +624,7 @@ def fault_report(result, slos: Sequence[float] = REPORT_SLOS) -> Optional[Dict[s
     raw = getattr(result, "faults", None)
     if not raw:
         return None
-    rows = list(result.requests) + list(getattr(result, "unfinished", None) or ())  # by their first token
+    rows = result.answered()[0]  # by their first token
     dur = float(result.config["duration_s"])
     out: Dict[str, Any] = {"slos": list(slos), "standby_region": raw["standby_region"],
                            "run": window_figures(rows, 0.0, dur, result.counters["requests_sent"], slos), "windows": []}

@@ -260,6 +260,13 @@ class SimResult:
     #: their ``breakdown`` rows, in the same order
     unfinished_breakdown: Optional[List[tuple]] = None
 
+    def answered(self) -> Tuple[List[tuple], List[tuple]]:
+        """(records, breakdown rows) of every request whose first token reached its client by the cut-off: the
+        completed ones, then those still decoding (``unfinished``). Fields 0, 1 and 3-8 mean the same in both;
+        field 2 is the e2e latency of a completed one and the TPOT so far of one still decoding."""
+        return (list(self.requests) + list(self.unfinished or ()),
+                list(self.breakdown or ()) + list(self.unfinished_breakdown or ()))
+
 
 class Simulator:
     def __init__(self, workload, deployment: DeploymentSpec, config: Optional[SimConfig] = None,
