@@ -125,7 +125,8 @@ def _good(r: dict, part: str) -> float:
 
 
 def _missed(r: dict, part: str) -> float:
-    return r[part]["sent"] * (1.0 - _att(r, part))
+    sent = r[part]["sent"]
+    return sent * (1.0 - _att(r, part)) if sent else 0.0  # an empty part (--steady-s >= --hour-s) misses none
 
 
 def _real_hour(r: dict) -> float:
