@@ -63,7 +63,9 @@ the issue-5 systems, each with its paper's intended deployment:
   ``GEOPREFIX_COST`` (remote queue included; ``REGION_LAYER.peer_selectors["geoprefix"]``, as the
   Serve app's default); ``geoprefix-steal`` the same with cross-region work stealing on,
   ``geoprefix-strict`` with SkyLB's strict SP-P (GeoPrefix before its pending allowance), ``geoprefix-cap`` with
-  SP-P's unreported-work cap (``AvailabilityConfig.prefill_budget_reports``);
+  SP-P's unreported-work cap (``AvailabilityConfig.prefill_budget_reports``), ``geoprefix-burst`` with SP-P
+  granting up to 128 requests per replica report instead of 32 (``AvailabilityConfig.max_burst``) and
+  ``geoprefix-bp`` with blind pushing in place of SP-P (ablations: ``benchmarks/RESULTS.md`` section 40);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -360,6 +362,10 @@ register_system("geoprefix-strict", "per-region",
                 "GeoPrefix with SkyLB's strict SP-P (nothing waiting): GeoPrefix before its pending allowance")
 register_system("geoprefix-cap", "per-region", {"name": "geoprefix", "availability": {"prefill_budget_reports": 2}},
                 "GeoPrefix with SP-P's unreported-work cap: 2 report intervals of prefill per replica")
+register_system("geoprefix-burst", "per-region", {"name": "geoprefix", "availability": {"max_burst": 128}},
+                "GeoPrefix with SP-P granting up to 128 requests per replica report (32 by default)")
+register_system("geoprefix-bp", "per-region", {"name": "geoprefix", "availability": {"mode": "bp"}},
+                "GeoPrefix with blind pushing in place of SP-P (the cost selector still forwards before saturation)")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")
