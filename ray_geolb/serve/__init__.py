@@ -20,7 +20,8 @@ import uuid
 import weakref
 from typing import Any, List, Optional, Tuple
 
-__all__ = ["CallTicket", "handed_count", "register_router", "request_of_call", "router_for", "routers", "ticket_id"]
+__all__ = ["CallTicket", "handed_count", "open_sibling_channel", "register_router", "request_of_call", "router_for",
+           "routers", "ticket_id"]
 
 _LOCK = threading.Lock()
 # (app_name, deployment_name) -> list of weak references, oldest first
@@ -55,6 +56,17 @@ def router_for(app_name: str, deployment_name: str) -> Optional[Any]:
     """The most recently created live router for that deployment in this process, or None."""
     rs = routers(app_name, deployment_name)
     return rs[-1] if rs else None
+
+
+#: True once a region ingress of this process shares its routers' inserts with its sibling ingress replicas
+#: (``serve/ingress/siblings.py``): a GeoPrefixRouter created after that keeps its dispatches for the siblings
+#: from its very first one, not from the ingress's next heartbeat (which enables the box, too)
+SIBLING_CHANNEL_OPEN = False
+
+
+def open_sibling_channel() -> None:
+    global SIBLING_CHANNEL_OPEN
+    SIBLING_CHANNEL_OPEN = True
 
 
 # ---------------------------------------------------------------------------------------------- the call's ticket

@@ -135,9 +135,10 @@ class GeoPrefixRouter(RouterViews, RouterTelemetry, RayRouterBase):
         self.headroom_share = opts.headroom_share
         #: several ingress replicas of a region (one router each): this router's dispatches as hash-only rows
         #: for its siblings (``policy/region/sibling_inserts.py``; kept once the region ingress of this process
-        #: enables it, and taken by its heartbeat), and their rows for this router's prefix index (the ingress
-        #: puts them here; :meth:`publish` learns them)
-        self.sibling_outbox = SiblingOutbox(enabled=False)
+        #: enables it -- at once when its channel is already open, else at its next heartbeat -- and taken by
+        #: its heartbeat), and their rows for this router's prefix index (the ingress puts them here;
+        #: :meth:`publish` learns them)
+        self.sibling_outbox = SiblingOutbox(enabled=_serve_pkg.SIBLING_CHANNEL_OPEN)
         self.sibling_inbox: deque = deque(maxlen=SIBLING_INBOX_ROWS)
         #: finished requests' prompt + reply texts with their replica, from the region ingress of this process
         #: (``serve/ingress/replies.py``); :meth:`publish` records them (``Policy.learn_reply``)

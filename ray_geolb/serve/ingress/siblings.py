@@ -10,8 +10,9 @@ ingress's loop; dispatches go to the router's ``sibling_inbox``, which the route
 (``GeoPrefixRouter.publish``): nothing crosses threads but a ``deque``.
 
 A row reaches a sibling within one heartbeat period plus two registry legs (``RegistryOptions.period_s``:
-the sender's next tick, then the reader's). Dispatch rows that arrive before this replica's router exists
-(it is created with the first local request) are dropped and counted.
+the sender's next tick, then the reader's). This replica's router is created with the first local request,
+after the channel opened, so it keeps its dispatches' rows from its first one. Dispatch rows that arrive
+before the router exists are dropped and counted.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any, Callable, Dict, Optional
 
 from ray_geolb.policy.region import RegionRouter
 from ray_geolb.policy.region.sibling_inserts import SiblingOutbox, learn_rows, take_rows
+from ray_geolb.serve import open_sibling_channel
 from ray_geolb.serve.clock import policy_now
 from ray_geolb.serve.router_options import holder_share
 
@@ -41,6 +43,8 @@ class SiblingChannel:
         #: ``sibling_inserts_learned``); unusable (another geometry); dispatches before the router existed
         self.counts: Dict[str, int] = {"rows_sent": 0, "rows_learned": 0, "rows_unusable": 0,
                                        "rows_before_router": 0}
+        if enabled:  # a router this process creates from now on keeps its first dispatches for the siblings
+            open_sibling_channel()
 
     def active(self) -> bool:
         """True while the region has several ingress replicas (and sharing is on): re-read each heartbeat,
