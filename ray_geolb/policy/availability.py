@@ -34,7 +34,7 @@ Modes:
   replicas) each take a share of every report and keep no more than their fixed part of an engine's
   sequence slots in flight there (:meth:`LoadTracker.set_share`).
 
-  Two options refine it. **A pending allowance** (``pending_allowance`` k; 0 is SkyLB's rule): a report
+  Three options refine it. **A pending allowance** (``pending_allowance`` k; 0 is SkyLB's rule): a report
   with at most k requests waiting still grants its slots less those k -- near KV saturation most reports
   catch a short queue, and SkyLB's rule then idles the engine for a report period and a half while the
   router holds what it could have started (GeoPrefix uses 8; measured in ``benchmarks/RESULTS.md``
@@ -42,6 +42,16 @@ Modes:
   new request once the uncached prompt tokens sent to it since its last report reach that many report
   intervals of prefill at its rate (``prefill_rate``, set by the owning policy), so a burst is not granted
   to a replica mid-step.
+
+  **The gate** (``gate``; the policy applies it, ``Policy.choose``): SkyLB's ``"replica"`` sends a request
+  only to a replica with a slot left. ``"region"`` makes the slots say *whether* to send and the policy's
+  pick say *where*: the router still holds every request while no replica has a slot left, but while one
+  has, the policy picks among every replica the engine still has room at (:meth:`LoadTracker.has_room`:
+  the KV budget, and with several routers their fixed part of the slots). The count-based limits --
+  ``max_burst`` per report and the waiting allowance -- then decide only when to hold; a replica past them
+  is priced by its queue (the cost policies' queued tokens) instead of being skipped. The KV budget stays a
+  hard limit: without it, ToT's sibling bursts queued in the engine holding their prefix (RESULTS.md
+  section 41).
 
 A report can freeze: an engine left idle (e.g. by an aborted request) runs no further step, so it
 may keep sending -- with fresh timestamps -- the figures it had, ``num_waiting=1`` included, and SP-P
@@ -613,6 +623,18 @@ class LoadTracker:
 
     def is_available(self, target: Hashable) -> bool:
         return target in self.available
+
+    def has_room(self, target: Hashable) -> bool:
+        """What the region gate still asks of a replica with no slot left: its KV budget (free KV tokens at
+        its report, less the prompt tokens sent since) holds one more typical request (``request_tokens``;
+        no budget reported: no limit known), and this router's fixed part of its slots (``set_share``) is not
+        all in flight. False for a target this tracker does not know."""
+        st = self._t.get(target)
+        if st is None:
+            return False
+        if st.kv_budget is not None and st.kv_budget - st.unseen_tokens < self.request_tokens:
+            return False
+        return st.quota is None or len(st.inflight) < st.quota
 
     def outstanding(self, target: Hashable) -> int:
         return self._out.get(target, 0)

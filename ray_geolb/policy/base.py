@@ -191,6 +191,8 @@ class Policy:
             pending_allowance=av.pending_allowance if av.pending_allowance is not None else
             self.default_pending_allowance,
         )
+        #: SP-P's region gate (``AvailabilityConfig.gate``): the slots say *whether* to send, the pick *where*
+        self.region_gate = av.gate == "region" and self.tracker.mode == "sp-p"
         self.rng = random.Random(self.config.seed)
         self.cache_probe = cache_probe
         self._targets: List[Hashable] = []
@@ -262,6 +264,11 @@ class Policy:
         eligible = self.eligible(candidates)
         if not eligible:
             return None
+        if self.region_gate:  # the slots said whether; every replica with room competes for where
+            room = self.tracker.has_room
+            pool = [t for t in (self._targets if candidates is None else candidates) if room(t)]
+            if len(pool) > len(eligible):
+                return self._pick(req, pool, now)
         return self._pick(req, eligible, now)
 
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:

@@ -65,7 +65,9 @@ the issue-5 systems, each with its paper's intended deployment:
   ``geoprefix-strict`` with SkyLB's strict SP-P (GeoPrefix before its pending allowance), ``geoprefix-cap`` with
   SP-P's unreported-work cap (``AvailabilityConfig.prefill_budget_reports``), ``geoprefix-burst`` with SP-P
   granting up to 128 requests per replica report instead of 32 (``AvailabilityConfig.max_burst``) and
-  ``geoprefix-bp`` with blind pushing in place of SP-P (ablations: ``benchmarks/RESULTS.md`` section 40);
+  ``geoprefix-bp`` with blind pushing in place of SP-P (ablations: ``benchmarks/RESULTS.md`` section 40),
+  ``geoprefix-gate`` with SP-P's region gate (``AvailabilityConfig.gate="region"``: the slots decide whether to
+  send, the cost decides where among the replicas with KV room; section 41);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -366,6 +368,9 @@ register_system("geoprefix-burst", "per-region", {"name": "geoprefix", "availabi
                 "GeoPrefix with SP-P granting up to 128 requests per replica report (32 by default)")
 register_system("geoprefix-bp", "per-region", {"name": "geoprefix", "availability": {"mode": "bp"}},
                 "GeoPrefix with blind pushing in place of SP-P (the cost selector still forwards before saturation)")
+register_system("geoprefix-gate", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
+                "GeoPrefix with SP-P's region gate: held while no replica has a slot left, else the cost picks "
+                "among the replicas with KV room")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

@@ -1,0 +1,79 @@
+"""SP-P's region gate (``AvailabilityConfig.gate="region"``): the router still holds a request while no replica
+has a slot left, but while one has, the cost decides among every replica with room -- a replica whose report
+says too much waits is priced by that queue instead of being skipped. Room is the KV budget (never sent a
+request the engine has no KV for) and, with several routers per region, a router's fixed part of an engine's
+slots. SkyLB's rule (``gate="replica"``, the default) is unchanged."""
+
+import pytest
+
+from policy_cases import P, cost_policy, rq
+from ray_geolb.policy import ReplicaStats
+
+SEQS = 2
+
+
+def _policy(gate):
+    pol = cost_policy("geoprefix", match_half_life_s=None, availability={"mode": "sp-p", "gate": gate})
+    pol.on_dispatch(rq("ctx", P * 4), "a", -2.0)  # a holds an 8,192-char context
+    pol.on_complete("rctx", "a", -1.9)
+    for i in range(30):  # short prompts elsewhere: the mean prompt, and so a reported waiting request, is small
+        pol.on_dispatch(rq(f"s{i}", f"short question {i:03d} " * 2), "b", -1.5)
+        pol.on_complete(f"rs{i}", "b", -1.4)
+    return pol
+
+
+def _report(pol, target, waiting, ts=0.0, kv_used=None):
+    kv = {} if kv_used is None else {"kv_cache_usage": kv_used, "num_gpu_blocks": 1000, "block_tokens": 16}
+    pol.on_stats(target, ReplicaStats(num_waiting=waiting, num_running=0, max_num_seqs=SEQS, timestamp=ts, **kv))
+
+
+NEXT_TURN = P * 4 + "c" * 100  # matches a's context but for its last 100 characters
+
+
+@pytest.mark.parametrize("gate, picked", [("replica", "b"), ("region", "a")])
+def test_a_replica_with_a_short_queue_and_the_context_is_skipped_only_by_the_replica_gate(gate, picked):
+    pol = _policy(gate)
+    _report(pol, "a", waiting=9)  # past GeoPrefix's pending allowance of 8: no slot at a
+    _report(pol, "b", waiting=0)
+    assert pol.tracker.available == {"b"}
+    costs = pol.costs(rq(1, NEXT_TURN), ["a", "b"], 0.1)
+    assert costs["a"] < costs["b"], costs  # the context outweighs a's nine short waiting requests
+    assert pol.choose(rq(1, NEXT_TURN), 0.1).target == picked
+
+
+@pytest.mark.parametrize("gate", ["replica", "region"])
+def test_both_gates_hold_while_no_replica_has_a_slot(gate):
+    pol = _policy(gate)
+    _report(pol, "a", waiting=9)
+    _report(pol, "b", waiting=9)
+    assert pol.choose(rq(1, NEXT_TURN), 0.1) is None
+    _report(pol, "b", waiting=0, ts=0.5)  # a slot anywhere: the region gate sends to the cheaper replica
+    assert pol.choose(rq(1, NEXT_TURN), 0.6).target == ("a" if gate == "region" else "b")
+
+
+def test_the_region_gate_never_sends_past_a_routers_fixed_part_of_an_engines_slots():
+    pol = _policy("region")
+    pol.set_headroom_share(0, 2)  # one of two routers over these engines: its part is 1 of their 2 slots
+    _report(pol, "a", waiting=9)
+    _report(pol, "b", waiting=0)
+    pol.on_dispatch(rq(2, "other " * 50), "a", 0.05)  # this router's part of a is in flight
+    assert not pol.tracker.has_room("a") and pol.tracker.has_room("b")
+    assert pol.choose(rq(1, NEXT_TURN), 0.1).target == "b"
+    pol.on_complete("r2", "a", 0.2)
+    assert pol.choose(rq(1, NEXT_TURN), 0.3).target == "a"
+
+
+@pytest.mark.parametrize("kv_used, picked", [(0.0, "a"), (0.5, "a"), (0.95, "b")])
+def test_the_region_gate_never_sends_a_request_the_engine_has_no_kv_for(kv_used, picked):
+    """a's report: 16,000 KV tokens, ``kv_used`` of them taken. It has room while its free tokens hold a typical
+    request (``request_tokens``, 1,024 by default): at 95 % used (800 free) the request goes to b."""
+    pol = _policy("region")
+    _report(pol, "a", waiting=9, kv_used=kv_used)
+    _report(pol, "b", waiting=0)
+    assert pol.tracker.has_room("a") is (picked == "a")
+    assert pol.choose(rq(1, NEXT_TURN), 0.1).target == picked
+
+
+def test_the_gate_is_named_when_it_is_wrong():
+    with pytest.raises(ValueError, match="gate"):
+        cost_policy("geoprefix", availability={"mode": "sp-p", "gate": "cluster"})
