@@ -261,6 +261,8 @@ class Policy:
 
     def choose(self, req: RouteRequest, now: float,
                candidates: Optional[Iterable[Hashable]] = None) -> Optional[Decision]:
+        if self.region_gate and candidates is not None and not isinstance(candidates, (list, tuple)):
+            candidates = list(candidates)  # read twice below
         eligible = self.eligible(candidates)
         if not eligible:
             return None

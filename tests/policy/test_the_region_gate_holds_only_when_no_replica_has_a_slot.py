@@ -39,6 +39,8 @@ def test_a_replica_with_a_short_queue_and_the_context_is_skipped_only_by_the_rep
     costs = pol.costs(rq(1, NEXT_TURN), ["a", "b"], 0.1)
     assert costs["a"] < costs["b"], costs  # the context outweighs a's nine short waiting requests
     assert pol.choose(rq(1, NEXT_TURN), 0.1).target == picked
+    assert pol.choose(rq(2, NEXT_TURN), 0.1, iter(["a", "b"])).target == picked  # candidates read once only
+    assert pol.choose(rq(3, NEXT_TURN), 0.1, ["a"]) is None  # a's queue is no slot: nothing to gate open
 
 
 @pytest.mark.parametrize("gate", ["replica", "region"])
