@@ -261,17 +261,25 @@ class Policy:
 
     def choose(self, req: RouteRequest, now: float,
                candidates: Optional[Iterable[Hashable]] = None) -> Optional[Decision]:
-        if self.region_gate and candidates is not None and not isinstance(candidates, (list, tuple)):
+        if self.region_gate:
+            return self._choose_gated(req, now, candidates)
+        eligible = self.eligible(candidates)
+        if not eligible:
+            return None
+        return self._pick(req, eligible, now)
+
+    def _choose_gated(self, req: RouteRequest, now: float,
+                      candidates: Optional[Iterable[Hashable]]) -> Optional[Decision]:
+        """The region gate: the slots say *whether* (None while no replica has one), and every replica with
+        room (``LoadTracker.has_room``) competes for *where*."""
+        if candidates is not None and not isinstance(candidates, (list, tuple)):
             candidates = list(candidates)  # read twice below
         eligible = self.eligible(candidates)
         if not eligible:
             return None
-        if self.region_gate:  # the slots said whether; every replica with room competes for where
-            room = self.tracker.has_room
-            pool = [t for t in (self._targets if candidates is None else candidates) if room(t)]
-            if len(pool) > len(eligible):
-                return self._pick(req, pool, now)
-        return self._pick(req, eligible, now)
+        room = self.tracker.has_room
+        pool = [t for t in (self._targets if candidates is None else candidates) if room(t)]
+        return self._pick(req, pool if len(pool) > len(eligible) else eligible, now)
 
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
         self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
