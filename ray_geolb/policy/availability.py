@@ -47,7 +47,10 @@ Modes:
   only to a replica with a slot left. ``"region"`` makes the slots say *whether* to send and the policy's
   pick say *where*: the router still holds every request while no replica has a slot left, but while one
   has, the policy picks among every replica the engine still has room at (:meth:`LoadTracker.has_room`:
-  the KV budget, and with several routers their fixed part of the slots). The count-based limits --
+  the KV budget, and with several routers their fixed part of the slots). A request sent to a replica with
+  no slot left spends a slot of the replica with the most (``on_dispatch(pooled=True)``), so the region
+  still sends no more requests per report than its reports granted: without that, an overloaded region
+  kept at home what SkyLB's rule would have forwarded (RESULTS.md section 42). The count-based limits --
   ``max_burst`` per report and the waiting allowance -- then decide only when to hold; a replica past them
   is priced by its queue (the cost policies' queued tokens) instead of being skipped. The KV budget stays a
   hard limit: without it, ToT's sibling bursts queued in the engine holding their prefix (RESULTS.md
@@ -338,6 +341,9 @@ class LoadTracker:
         #: sum of every target's free request slots (see :meth:`free_slots`), kept incrementally
         self.free_total = 0
         self._req_target: Dict[Hashable, Hashable] = {}
+        #: request id -> (target whose slot it spent, that target's report time): requests the region gate
+        #: sent to a target with no slot left (:meth:`_spend_pooled`)
+        self._pooled: Dict[Hashable, tuple] = {}
 
     # ------------------------------------------------------------ membership
     def add_target(self, target: Hashable) -> None:
@@ -514,9 +520,12 @@ class LoadTracker:
         return max(0, slots - w), kv
 
     def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0,
-                    uncached: Optional[float] = None) -> None:
+                    uncached: Optional[float] = None, pooled: bool = False) -> None:
         """Count a request at ``target``: ``tokens`` prompt tokens (``request_tokens`` if unknown), of which
-        ``uncached`` must be prefilled there (None: all of them; what the unreported-work cap counts)."""
+        ``uncached`` must be prefilled there (None: all of them; what the unreported-work cap counts).
+        ``pooled`` (the region gate): a request sent to a target with no slot left spends a slot of the
+        target with the most left instead (:meth:`_spend_pooled`), so the region's slots still count
+        every request it sends."""
         st = self._t.get(target)
         if st is None:
             self.add_target(target)
@@ -524,6 +533,8 @@ class LoadTracker:
         if request_id in st.inflight:
             self._redate(st, target, request_id, now)  # counted once, however often the caller reports it
             return
+        if pooled and st.free <= 0 and self.available:
+            self._spend_pooled(request_id)
         tokens = tokens if tokens > 0 else self.request_tokens
         pre = tokens if uncached is None else max(0, min(tokens, int(uncached)))
         st.inflight[request_id] = (now, tokens, pre)
@@ -535,6 +546,25 @@ class LoadTracker:
             st.unseen_tokens += tokens
             st.unseen_prefill += pre
         self._refresh(target, st)
+
+    def _spend_pooled(self, request_id: Hashable) -> None:
+        """Spend one slot of the available target with the most free slots for ``request_id`` (sent to a
+        target with none left): one credit of that report, until its next one. Remembered, so a reservation
+        released unsent gives it back."""
+        donor = max(self.available, key=lambda t: (self._t[t].free, -_replica_hash(t)))
+        st = self._t[donor]
+        st.credits -= 1
+        self._pooled[request_id] = (donor, st.stats.timestamp if st.stats is not None else None)
+        self._refresh(donor, st)
+
+    def _unspend_pooled(self, request_id: Hashable) -> None:
+        """Give back the slot :meth:`_spend_pooled` took for a reservation that was never sent, if the
+        donor's report is still the one it was taken from."""
+        donor, stamp = self._pooled.pop(request_id)
+        st = self._t.get(donor)
+        if st is not None and (st.stats.timestamp if st.stats is not None else None) == stamp:
+            st.credits += 1
+            self._refresh(donor, st)
 
     def _redate(self, st: _Target, target: Hashable, request_id: Hashable, now: float) -> None:
         """A request counted earlier (a reservation) is really sent at ``now``: it is dated then, so a
@@ -560,6 +590,11 @@ class LoadTracker:
         report counted, so it frees no slot a report granted."""
         if target is None:
             target = self._req_target.get(request_id)
+        if self._pooled and request_id in self._pooled:
+            if reached_engine:
+                del self._pooled[request_id]
+            else:
+                self._unspend_pooled(request_id)
         st = self._t.get(target)
         if st is None:
             self._req_target.pop(request_id, None)

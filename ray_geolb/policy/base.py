@@ -283,7 +283,7 @@ class Policy:
 
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
         self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
-                                 uncached=self.uncached_at(req, target))
+                                 uncached=self.uncached_at(req, target), pooled=self.region_gate)
         self._record(req, target, now)
         if self.sibling_outbox is not None and self.index is not None:  # several routers share their inserts
             self.sibling_outbox.add("d", target, req.prepared_for(self.index))
@@ -344,7 +344,7 @@ class Policy:
         requests picked before the first is acknowledged must not both see the same headroom).
         :meth:`on_dispatch` of the same request later counts nothing twice; :meth:`release` undoes it."""
         self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
-                                 uncached=self.uncached_at(req, target))
+                                 uncached=self.uncached_at(req, target), pooled=self.region_gate)
 
     def uncached_at(self, req: RouteRequest, target: Hashable) -> Optional[float]:
         """The prompt tokens ``req`` is expected to prefill at ``target`` (what SP-P's unreported-work cap

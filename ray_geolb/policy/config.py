@@ -54,7 +54,8 @@ class AvailabilityConfig(_Strict):
         description="SP-P: 'replica' (SkyLB's rule): a request goes only to a replica with a slot left; 'region': "
                     "the router still holds every request while no replica has a slot left, but while one has, the "
                     "policy picks among every replica with room (KV budget, and several routers' fixed part of the "
-                    "slots), a replica past max_burst or the waiting allowance priced by its queue")
+                    "slots), a replica past max_burst or the waiting allowance priced by its queue; such a send "
+                    "spends a slot of the replica with the most, so the region sends no more than its slots")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when "
                                                         "its prompt size is unknown, and the least KV budget a replica "
                                                         "must have left to stay available")

@@ -56,13 +56,38 @@ def test_both_gates_hold_while_no_replica_has_a_slot(gate):
 def test_the_region_gate_never_sends_past_a_routers_fixed_part_of_an_engines_slots():
     pol = _policy("region")
     pol.set_headroom_share(0, 2)  # one of two routers over these engines: its part is 1 of their 2 slots
+    pol.on_dispatch(rq(2, "other " * 50), "a", -0.5)  # this router's part of a is in flight, in a's report
     _report(pol, "a", waiting=9)
     _report(pol, "b", waiting=0)
-    pol.on_dispatch(rq(2, "other " * 50), "a", 0.05)  # this router's part of a is in flight
     assert not pol.tracker.has_room("a") and pol.tracker.has_room("b")
     assert pol.choose(rq(1, NEXT_TURN), 0.1).target == "b"
     pol.on_complete("r2", "a", 0.2)
     assert pol.choose(rq(1, NEXT_TURN), 0.3).target == "a"
+
+
+def test_a_request_sent_past_a_replicas_slots_spends_another_replicas_so_the_region_sends_no_more_than_its_slots():
+    """b's report grants 2 slots, a's none. The region gate sends both next turns to a, where their context is, and
+    each spends one of b's slots: a third waits for a report, as it would have under SkyLB's rule. A reservation
+    released unsent gives its slot back."""
+    pol = _policy("region")
+    _report(pol, "a", waiting=9)
+    _report(pol, "b", waiting=0)
+    assert pol.tracker.free_slots() == SEQS
+    pol.reserve(rq(9, NEXT_TURN), "a", 0.05)
+    assert pol.tracker.free_slots() == SEQS - 1
+    pol.release("r9", "a", 0.06)
+    assert pol.tracker.free_slots() == SEQS
+    for i in (1, 2):
+        d = pol.choose(rq(i, NEXT_TURN), 0.1)
+        assert d.target == "a"
+        pol.on_dispatch(rq(i, NEXT_TURN), "a", 0.1)
+        pol.on_dispatch(rq(i, NEXT_TURN), "a", 0.11)  # reported twice (a reservation, then sent): spent once
+        assert pol.tracker.free_slots() == SEQS - i
+    assert pol.choose(rq(3, NEXT_TURN), 0.1) is None
+    pol.on_complete("r1", "a", 0.3)  # the next report, not a completion at a, gives b's slots back
+    assert pol.choose(rq(3, NEXT_TURN), 0.3) is None
+    _report(pol, "b", waiting=0, ts=0.4)
+    assert pol.choose(rq(3, NEXT_TURN), 0.5) is not None
 
 
 @pytest.mark.parametrize("kv_used, picked", [(0.0, "a"), (0.5, "a"), (0.95, "b")])
