@@ -362,6 +362,7 @@ class LoadTracker:
             self.free_total -= st.free
             for rid in st.inflight:
                 self._req_target.pop(rid, None)
+                self._pooled.pop(rid, None)
 
     def set_targets(self, targets: Iterable[Hashable]) -> None:
         want = set(targets)

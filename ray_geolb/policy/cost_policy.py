@@ -5,7 +5,7 @@ For each candidate replica ``r``:
     cost(r) = w_rtt · RTT(r)                          0 locally; ``rtt_of_target`` hook for a central LB
             + w_prefill · t_p(r) · (L − L_hit(r))     residual prefill
             + q̂ · t_p(r) · Q(r)                       admission delay: queued tokens × t_p
-            [+ w_shared · t_p(r) · (L − L_hit(r)) · outstanding(r)]
+            [+ w_shared · t_p(r) · (L − L_hit(r)) · min(outstanding(r), w_shared_max_inflight)]
 
 With ``price_cached_context`` (GeoPrefix) the residual prefill of ``R = L − L_hit(r)`` tokens after the
 ``c = L_hit(r)`` cached ones also pays its attention, ``t_p·R + q·R·(c + R/2)`` (``q`` = seconds per
@@ -68,6 +68,9 @@ class CostConfig(PolicyConfig):
                                  "w_shared · t_p · (L − L_hit) · outstanding(r); 0 = GORGO (own TTFT only)")
     exact_upto: int = Field(32, ge=1, description="price every eligible replica up to this many; beyond, only the "
                                                   "matched ones and the `sample_unmatched` least loaded")
+    w_shared_max_inflight: Optional[int] = Field(
+        None, ge=1, description="the most requests in flight at a replica that the shared term counts "
+                                "(n(r) capped); None: every one")
     sample_unmatched: int = Field(8, ge=1,
                                   description="unmatched replicas priced when more than `exact_upto` are eligible")
     price_cached_context: bool = Field(
@@ -200,6 +203,7 @@ class CostPolicy(RttHook, PrefixPolicy):
             pooled_tp = self.pooled_t_p()
         rtt = self.rtt if self._rtt_fn is not None else None
         w_prefill, q_hat, w_shared, w_rtt = cfg.w_prefill, cfg.q_hat, cfg.w_shared, cfg.w_rtt
+        n_cap = cfg.w_shared_max_inflight
         queued_tokens = self.queued_tokens
         out_of = self.tracker._out  # outstanding(t), inlined
         qt_pooled = q_hat * pooled_tp if pooled_tp is not None else None
@@ -231,7 +235,8 @@ class CostPolicy(RttHook, PrefixPolicy):
                 residual = tp * max(0.0, L - hits.get(t, 0.0))
                 c = w_prefill * residual + qt * queued_tokens(t)  # qt = q_hat * tp
             if w_shared:
-                c += w_shared * residual * out_of.get(t, 0)
+                n = out_of.get(t, 0)
+                c += w_shared * residual * (n if n_cap is None or n < n_cap else n_cap)
             if rtt is not None:
                 c += w_rtt * rtt(t, req)
             out[t] = c

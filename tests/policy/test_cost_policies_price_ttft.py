@@ -124,6 +124,17 @@ def test_geoprefix_prices_the_residual_prefill_for_the_requests_in_flight_at_the
     assert gorgo.costs(req, ["a", "b"], 0.1) == {"a": pytest.approx(TP * 356), "b": pytest.approx(TP * 612)}
 
 
+def test_the_shared_prefill_term_counts_at_most_w_shared_max_inflight_requests():
+    capped = cost_policy("geoprefix", match_half_life_s=None, q_hat=0.0, w_shared_max_inflight=2)
+    for i in range(3):
+        capped.on_dispatch(rq(f"b{i}", f"{i}" * 3000), "b", 0.0)  # b: 3 requests in flight, counted as 2
+    capped.on_dispatch(rq("a0", "z" * 3000), "a", 0.0)  # a: 1, under the cap
+    req = rq("n", "y" * 2448)  # 612 tokens, no match anywhere
+    assert capped.costs(req, ["a", "b"], 0.1) == {"a": pytest.approx(TP * 612 * 2), "b": pytest.approx(TP * 612 * 3)}
+    with pytest.raises(ValueError, match="w_shared_max_inflight"):
+        cost_policy("geoprefix", w_shared_max_inflight=0)
+
+
 def test_work_tracker_unseen_uncached_memo_equals_a_fresh_sum():
     """The cost loop's memoised per-replica sum must equal ``unseen()``'s, bit for bit, through any
     mix of dispatches, completions, new report times and removed replicas."""

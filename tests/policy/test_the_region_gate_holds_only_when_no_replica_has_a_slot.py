@@ -104,3 +104,51 @@ def test_the_region_gate_never_sends_a_request_the_engine_has_no_kv_for(kv_used,
 def test_the_gate_is_named_when_it_is_wrong():
     with pytest.raises(ValueError, match="gate"):
         cost_policy("geoprefix", availability={"mode": "sp-p", "gate": "cluster"})
+
+
+def test_pooled_slots_are_kept_exactly_through_any_mix_of_sends_releases_completions_and_reports():
+    """Random reservations, sends, releases, completions and reports over three replicas under the region gate: the
+    incremental slot total always equals a fresh sum, no replica's slots go negative, and once everything is done
+    no pooled spend is left behind."""
+    import random
+
+    rng = random.Random(5)
+    pol = cost_policy("geoprefix", targets=("a", "b", "c"), availability={"mode": "sp-p", "gate": "region"})
+    tr = pol.tracker
+    live, reserved, now, pooled = [], [], 0.0, 0
+    for step in range(4000):
+        now += 0.01
+        op = rng.random()
+        if op < 0.1:
+            for t in ("a", "b", "c"):
+                pol.on_stats(t, ReplicaStats(num_waiting=rng.choice([0, 0, 3, 12]), num_running=rng.randint(0, SEQS),
+                                             max_num_seqs=SEQS, timestamp=now))
+        elif op < 0.5:
+            req = rq(step, f"prompt {step % 17} " * 20)
+            d = pol.choose(req, now)
+            if d is not None:
+                if rng.random() < 0.5:
+                    pol.reserve(req, d.target, now)
+                    reserved.append((f"r{step}", d.target, req))
+                else:
+                    pol.on_dispatch(req, d.target, now)
+                    live.append((f"r{step}", d.target))
+        elif op < 0.65 and reserved:
+            rid, t, req = reserved.pop(rng.randrange(len(reserved)))
+            if rng.random() < 0.5:
+                pol.release(rid, t, now)
+            else:
+                pol.on_dispatch(req, t, now)
+                live.append((rid, t))
+        elif live:
+            rid, t = live.pop(rng.randrange(len(live)))
+            pol.on_complete(rid, t, now)
+        assert tr.free_total == sum(tr._free(st) for st in tr._t.values())
+        assert all(st.free >= 0 for st in tr._t.values())
+        pooled = max(pooled, len(tr._pooled))
+    assert pooled > 0  # sends past a replica's slots happened
+    for rid, t, _ in reserved:
+        pol.release(rid, t, now)
+    for rid, t in live:
+        pol.on_complete(rid, t, now)
+    assert not tr._pooled and not tr._req_target
