@@ -67,9 +67,9 @@ the issue-5 systems, each with its paper's intended deployment:
   granting up to 128 requests per replica report instead of 32 (``AvailabilityConfig.max_burst``) and
   ``geoprefix-bp`` with blind pushing in place of SP-P (ablations: ``benchmarks/RESULTS.md`` section 40),
   ``geoprefix-gate`` with SP-P's region gate (``AvailabilityConfig.gate="region"``: the slots decide whether to
-  send, the cost decides where among the replicas with KV room; section 41); ``geoprefix-n32`` and
-  ``geoprefix-gate-n32``: GeoPrefix and ``geoprefix-gate`` with the shared-prefill term counting at most 32
-  requests in flight (``CostConfig.w_shared_max_inflight``; section 42);
+  send, the cost decides where among the replicas with KV room; section 41), ``geoprefix-uncapped`` with the
+  shared-prefill term counting every request in flight (GeoPrefix's default before ``w_shared_max_inflight=32``;
+  section 42);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -373,11 +373,8 @@ register_system("geoprefix-bp", "per-region", {"name": "geoprefix", "availabilit
 register_system("geoprefix-gate", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
                 "GeoPrefix with SP-P's region gate: held while no replica has a slot left, else the cost picks "
                 "among the replicas with KV room")
-register_system("geoprefix-n32", "per-region", {"name": "geoprefix", "w_shared_max_inflight": 32},
-                "GeoPrefix whose shared-prefill term counts at most 32 requests in flight per replica")
-register_system("geoprefix-gate-n32", "per-region",
-                {"name": "geoprefix", "w_shared_max_inflight": 32, "availability": {"gate": "region"}},
-                "geoprefix-gate whose shared-prefill term counts at most 32 requests in flight per replica")
+register_system("geoprefix-uncapped", "per-region", {"name": "geoprefix", "w_shared_max_inflight": None},
+                "GeoPrefix whose shared-prefill term counts every request in flight (its default before the cap)")
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

@@ -113,6 +113,7 @@ def test_geoprefix_prices_the_residual_prefill_for_the_requests_in_flight_at_the
     geo = cost_policy("geoprefix", match_half_life_s=None, q_hat=0.0)  # w_shared = 1 by default
     gorgo = cost_policy("gorgo", tp_scope="pooled", match_half_life_s=None, q_hat=0.0)
     assert gorgo.config.w_shared == 0.0 and geo.config.w_shared == 1.0
+    assert gorgo.config.w_shared_max_inflight is None and geo.config.w_shared_max_inflight == 32
     for pol in (geo, gorgo):
         pol.on_dispatch(rq("m", P + "x" * 400), "a", 0.0)  # a holds the prefix
         for i in range(3):

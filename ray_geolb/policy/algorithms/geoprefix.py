@@ -21,12 +21,15 @@ replicas,
   observed TTFTs absorbs that replica's recent *queueing* (TTFT = queue + prefill), which makes a busy
   replica look slow per token and double-counts the queue that ``Q(r)`` already prices.
 
-* ``n(r)`` — the requests this LB has in flight at ``r``. The residual prefill is not only this
-  request's TTFT: in a continuous-batching engine every step that carries its prefill chunk is
-  slower by ``t_p`` per token for every sequence in the batch, so recomputing a prefix at a busy
-  replica costs everyone there. Pricing that (``w_shared = 1``) keeps a request on its cached
+* ``n(r)`` — the requests this LB has in flight at ``r``, **at most 32** (``w_shared_max_inflight``). The
+  residual prefill is not only this request's TTFT: in a continuous-batching engine every step that carries
+  its prefill chunk is slower by ``t_p`` per token for every sequence in the batch, so recomputing a prefix
+  at a busy replica costs everyone there. Pricing that (``w_shared = 1``) keeps a request on its cached
   replica unless another replica is cheaper *including* the recompute it would impose; with only
-  the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity.
+  the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity. Uncapped, with a few
+  hundred requests in flight the term dwarfed any queue: a replica holding a prefix took every request
+  that matched it, queued them for most of a second, and its sibling idled. The cap is measured, not
+  derived (32 of 32 / 64 on one demand's tuning seeds): RESULTS.md section 42.
 * **the cached context's attention** (``price_cached_context``, on): a prefill chunk attends to every
   token before it, so ``R = L − L_hit(r)`` uncached tokens after ``c = L_hit(r)`` cached ones cost
   ``t_p·R + q·R·(c + R/2)``, more than ``R`` tokens from zero, and a replica holding a long prefix saves
@@ -84,6 +87,10 @@ class GeoPrefix(CostPolicy):
         tp_floor: Literal["none", "prior"] = Field("prior", description="t_p never below ttft.prior_tp_s")
         w_shared: float = Field(1.0, ge=0.0, description="price the residual prefill's slowdown of the requests "
                                                          "in flight at the replica")
+        w_shared_max_inflight: Optional[int] = Field(
+            32, ge=1, description="the shared term counts at most this many requests in flight (None: all): past a "
+                                  "few dozen it outweighed any queue, so a replica holding a prefix kept taking work "
+                                  "while its sibling idled (benchmarks/RESULTS.md section 42)")
         ttft: TtftModelConfig = Field(TtftModelConfig(source="engine_steps"),
                                       description="t_p fitted on the engines' step work (prefill time, not TTFT)")
         learn_replies: bool = Field(
