@@ -29,7 +29,7 @@ replicas,
   the request's own TTFT, short-lived imbalance (``Q``) kept breaking affinity. Uncapped, with a few
   hundred requests in flight the term dwarfed any queue: a replica holding a prefix took every request
   that matched it, queued them for most of a second, and its sibling idled. The cap is measured, not
-  derived (32 of 32 / 64 on one demand's tuning seeds): RESULTS.md section 42.
+  derived (32, chosen over 64 on one demand's tuning seeds): RESULTS.md section 42b.
 * **the cached context's attention** (``price_cached_context``, on): a prefill chunk attends to every
   token before it, so ``R = L − L_hit(r)`` uncached tokens after ``c = L_hit(r)`` cached ones cost
   ``t_p·R + q·R·(c + R/2)``, more than ``R`` tokens from zero, and a replica holding a long prefix saves
@@ -90,7 +90,7 @@ class GeoPrefix(CostPolicy):
         w_shared_max_inflight: Optional[int] = Field(
             32, ge=1, description="the shared term counts at most this many requests in flight (None: all): past a "
                                   "few dozen it outweighed any queue, so a replica holding a prefix kept taking work "
-                                  "while its sibling idled (benchmarks/RESULTS.md section 42)")
+                                  "while its sibling idled (benchmarks/RESULTS.md section 42b)")
         ttft: TtftModelConfig = Field(TtftModelConfig(source="engine_steps"),
                                       description="t_p fitted on the engines' step work (prefill time, not TTFT)")
         learn_replies: bool = Field(
