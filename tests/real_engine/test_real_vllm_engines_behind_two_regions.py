@@ -252,8 +252,8 @@ def test_the_routers_signals_agree_with_what_vllm_reports(cluster):
     assert peak["kv"] > 0.0, peak
     # at rest: the report says idle, in both regions
     _, eng = asyncio.run(wait_idle(base, cluster))
-    for e in eng:
-        assert e["num_waiting"] == 0 and e["num_running"] == 0
+    for e in eng:  # a replica whose engine has never stepped reports no counts: idle
+        assert e.get("num_waiting", 0) == 0 and e.get("num_running", 0) == 0
     after = report(cluster, "eu")
     assert after["active"] == 0
     # prefill work: what the engine computed is what vLLM says was not served from its cache, per request
