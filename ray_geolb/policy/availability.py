@@ -276,6 +276,10 @@ class _Target:
         #: engine's sequence slots (None: one router, or the engine's size is not reported); LoadTracker.set_share
         self.quota: Optional[int] = None
 
+    def report_time(self) -> Optional[float]:
+        """When the last report was measured (None: no report yet)."""
+        return self.stats.timestamp if self.stats is not None else None
+
 
 class LoadTracker:
     """Per-target load and availability; see the module docstring."""
@@ -555,7 +559,7 @@ class LoadTracker:
         donor = max(self.available, key=lambda t: (self._t[t].free, -_replica_hash(t)))
         st = self._t[donor]
         st.credits -= 1
-        self._pooled[request_id] = (donor, st.stats.timestamp if st.stats is not None else None)
+        self._pooled[request_id] = (donor, st.report_time())
         self._refresh(donor, st)
 
     def _unspend_pooled(self, request_id: Hashable) -> None:
@@ -563,7 +567,7 @@ class LoadTracker:
         donor's report is still the one it was taken from."""
         donor, stamp = self._pooled.pop(request_id)
         st = self._t.get(donor)
-        if st is not None and (st.stats.timestamp if st.stats is not None else None) == stamp:
+        if st is not None and st.report_time() == stamp:
             st.credits += 1
             self._refresh(donor, st)
 

@@ -282,8 +282,7 @@ class Policy:
         return self._pick(req, pool if len(pool) > len(eligible) else eligible, now)
 
     def on_dispatch(self, req: RouteRequest, target: Hashable, now: float) -> None:
-        self.tracker.on_dispatch(target, req.request_id, now, tokens=req.prompt_tokens,
-                                 uncached=self.uncached_at(req, target), pooled=self.region_gate)
+        self.reserve(req, target, now)  # the load count (a reservation made earlier is only dated again)
         self._record(req, target, now)
         if self.sibling_outbox is not None and self.index is not None:  # several routers share their inserts
             self.sibling_outbox.add("d", target, req.prepared_for(self.index))
