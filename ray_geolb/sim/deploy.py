@@ -89,7 +89,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ray_geolb.engine.network import RegionNetwork
 from ray_geolb.engine.profiles import PROFILES, EngineProfile, get_profile
-from ray_geolb.policy.region.config import REGION_LAYER, RegionLayerSettings
+from ray_geolb.policy.region.config import GEOPREFIX_COST, REGION_LAYER, RegionLayerSettings
 
 __all__ = [
     "DeploymentSpec", "SystemRecipe", "SYSTEMS", "register_system", "system_names", "deployment_for",
@@ -375,6 +375,13 @@ register_system("geoprefix-gate", "per-region", {"name": "geoprefix", "availabil
                 "among the replicas with KV room")
 register_system("geoprefix-uncapped", "per-region", {"name": "geoprefix", "w_shared_max_inflight": None},
                 "GeoPrefix whose shared-prefill term counts every request in flight (its default before the cap)")
+register_system("geoprefix-gate-ln", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
+                "GeoPrefix with the region gate and a length-neutral region layer (in-flight term scaled by "
+                "min(1, mean prompt / prompt))",
+                two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), "shared_length_neutral": True}})
+register_system("geoprefix-ln", "per-region", "geoprefix",
+                "GeoPrefix with a length-neutral region layer (in-flight term scaled by min(1, mean prompt / prompt))",
+                two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), "shared_length_neutral": True}})
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

@@ -60,6 +60,11 @@ class CostSelectorConfig(_Strict):
     forward_hysteresis: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False,
                                       description="while forwarding to a peer before saturation, keep doing so "
                                                   "while the saving exceeds this fraction of forward_margin_s")
+    shared_length_neutral: bool = Field(
+        False, description="scale the in-flight term (w_shared) on every side by min(1, mean prompt / this prompt), "
+                           "so a forward compares the regions' loads per mean-sized request: the unscaled term grows "
+                           "with the prompt, and forwarding picked the longest prompts, whose own TTFT the RTT then "
+                           "pushed past the tail (benchmarks/RESULTS.md section 43)")
     peer_summary: bool = Field(
         False, description="publish this region's prefix summary (region/prefix_summary.py: a Bloom filter over its "
                            "prefix index's recent block keys) with each heartbeat, and price a forward's residual "

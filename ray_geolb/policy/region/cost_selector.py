@@ -149,10 +149,18 @@ class CostSelector(PeerSelector):
         self.last_own_stay_s = wait + residual  # this request's own TTFT part (the SLO guard's estimate)
         c = cfg.w_prefill * residual + cfg.q_hat * wait
         if cfg.w_shared and shared:
-            c += cfg.w_shared * residual * self.region_inflight(router) / n
+            c += cfg.w_shared * residual * self.shared_scale(router, req) * self.region_inflight(router) / n
         w = self.slot_wait_s(router, now) if cfg.stay_slot_wait and not local.tracker.available else 0.0
         self.last_slot_wait_s = w
         return c + cfg.q_hat * w if w else c
+
+    def shared_scale(self, router, req) -> float:
+        """The in-flight term's scale for ``req`` (``shared_length_neutral``): ``min(1, mean prompt / prompt)``,
+        the same on every side of one comparison; 1 when off."""
+        if not self.config.shared_length_neutral:
+            return 1.0
+        mean = self._mean_prompt(router, req)
+        return mean / req.prompt_tokens if req.prompt_tokens > mean else 1.0
 
     def slot_wait_s(self, router, now: float) -> float:
         """Expected wait for a local engine slot of a request with ``router.queue_len`` requests ahead of
@@ -262,6 +270,7 @@ class CostSelector(PeerSelector):
                 hits[home] = float(req.prompt_tokens)
         costs = {}
         rtts = self.last_rtts = {}
+        scale = self.shared_scale(router, req) if cfg.w_shared else 1.0
         for r in peers:
             tp = self.peer_t_p(router, r)
             residual = tp * max(0.0, req.prompt_tokens - hits.get(r, 0.0))
@@ -270,7 +279,7 @@ class CostSelector(PeerSelector):
             if cfg.remote_queue:
                 c += cfg.q_hat * self.remote_wait(router, req, r, now)
             if cfg.w_shared:
-                c += cfg.w_shared * residual * self.peer_inflight(router, r)
+                c += cfg.w_shared * residual * scale * self.peer_inflight(router, r)
             costs[r] = c
         return costs, raw, hits
 

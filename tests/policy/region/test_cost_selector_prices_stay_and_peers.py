@@ -125,6 +125,31 @@ def test_peer_recompute_is_priced_for_the_requests_in_flight_there(w_shared, exp
     assert GORGO_COST.w_shared == 0.0  # GORGO's selector is unchanged
 
 
+@pytest.mark.parametrize("chars", [4000, 1600, 8000])
+def test_length_neutral_in_flight_term_prices_a_prompt_past_the_mean_as_a_mean_one(chars):
+    cost = GEOPREFIX_COST.model_copy(update={"shared_length_neutral": True, "home_key_chars": None})
+    r = region(remote="cost", cost=cost, snapshot=FIXED)
+    fill(r)  # no local replica available
+    for i in range(4):  # 4 requests in flight here, 2 per replica
+        r.on_dispatch(rq(f"l{i}", f"{i}" * 800), "us-0", 0.5)
+    mean = r.local.mean_prompt_tokens  # 200 tokens: the four dispatches above
+    assert mean == pytest.approx(200)
+    r.update_peer(PeerState("ca", 2, 0, 1.0, rtt_s=0.02, extra={"replicas": 2, "inflight": 60}))  # 30 per replica
+    req = rq(1, "q" * chars)  # cached nowhere
+    L = chars / 4
+    r.decide(req, 1.1)
+    c = r.selector.last_costs
+    per_req = min(L, mean)  # the in-flight term counts a prompt past the mean as a mean-sized one, on every side
+    assert c["ca"] == pytest.approx(0.02 + TP * L + TP * per_req * 30)
+    wait = TP * r.selector.local_queue_tokens(r, req) / 2 + r.selector.last_slot_wait_s  # not scaled
+    assert c[None] == pytest.approx(TP * L + wait + TP * per_req * 4 / 2)
+    short = rq(2, "s" * 400)  # 100 tokens, under the mean: unscaled
+    r.decide(short, 1.1)
+    assert r.selector.last_costs["ca"] == pytest.approx(0.02 + TP * 100 * (1 + 30))
+    off = region(remote="cost", cost=cost.model_copy(update={"shared_length_neutral": False}), snapshot=FIXED)
+    assert off.selector.shared_scale(off, req) == 1.0
+
+
 def test_stay_cost_leaves_the_in_flight_term_out_when_peers_do_not_report_it():
     r = region(remote="cost", cost=GEOPREFIX_COST, snapshot=FIXED)
     fill(r)
