@@ -382,6 +382,10 @@ register_system("geoprefix-gate-ln", "per-region", {"name": "geoprefix", "availa
 register_system("geoprefix-ln", "per-region", "geoprefix",
                 "GeoPrefix with a length-neutral region layer (in-flight term scaled by min(1, mean prompt / prompt))",
                 two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), "shared_length_neutral": True}})
+register_system("geoprefix-home-local", "per-region", "geoprefix",
+                "GeoPrefix whose home rule checks only its own region's knowledge of a prompt (before section 43)",
+                two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True),
+                                    "home_needs_common_preamble": False}})
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

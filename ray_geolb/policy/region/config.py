@@ -74,11 +74,18 @@ class CostSelectorConfig(_Strict):
                                                                    "<= 0.82 % false positives at full load)")
     home_key_chars: Optional[int] = Field(
         None, ge=1, description="a long prompt (at least this many bytes of canonical text) that no region is known "
-                                "to hold to that depth, and of which this region knows no more than every peer, "
+                                "to hold to that depth, and of which this region knows no more than every peer "
+                                "(nor any peer more than the others: home_needs_common_preamble), "
                                 "has a home region: the highest rendezvous hash of its prefix key at this depth "
                                 "over this region and its peers, the same in every region without any message; a "
                                 "home peer is priced as if it held the prompt and needs no margin, so a new shared "
                                 "context that arrives in several regions at once is prefilled once (None: off)")
+    home_needs_common_preamble: bool = Field(
+        True, description="the home rule also needs every peer to know no more of the prompt than 1.25x what the "
+                          "region that knows least knows (+ min_match_chars): a peer that knows more was sent the "
+                          "prompt's history, and its match decides; False: only this region's knowledge is checked "
+                          "(before benchmarks/RESULTS.md section 43, when a home peer priced as holding the whole "
+                          "prompt outbid a peer that held most of it)")
     ttft: TtftModelConfig = TtftModelConfig()
 
 

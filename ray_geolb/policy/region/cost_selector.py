@@ -299,8 +299,16 @@ class CostSelector(PeerSelector):
         # this region must know no more of the prompt than every peer does: what is known is then a
         # preamble every region was sent (a shared system prompt), and the long rest is new. A longer
         # local match is this region's own earlier traffic (a conversation's history): it decides.
-        if peers and local > 1.25 * min(hits.get(p, 0.0) for p in peers) + cfg.min_match_chars / cfg.chars_per_token:
-            return None
+        # Nor may a peer know more than every other region (``home_needs_common_preamble``): that peer was
+        # sent the prompt's history, and its match decides.
+        if peers:
+            slack = cfg.min_match_chars / cfg.chars_per_token
+            least = min(hits.get(p, 0.0) for p in peers)
+            if local > 1.25 * least + slack:
+                return None
+            if cfg.home_needs_common_preamble and \
+                    max(hits.get(p, 0.0) for p in peers) > 1.25 * min(least, local) + slack:
+                return None
         i = bisect_left(prep.ends, depth)
         if i >= len(prep.keys):
             return None

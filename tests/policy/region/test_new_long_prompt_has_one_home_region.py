@@ -117,3 +117,21 @@ def test_a_conversation_follows_its_history_a_shared_preamble_does_not_stop_the_
         r.update_peer(p)
     d = r.decide(rq(1, text), 1.0)
     assert r.selector.last_home == "eu" and d.kind == "forward" and d.target == "eu"
+
+
+@pytest.mark.parametrize("common_preamble", [True, False])
+def test_a_peer_that_holds_the_prompts_history_outbids_the_home(common_preamble):
+    history = "Earlier turns of this conversation, sent to one region only. " * 20  # ~1,200 bytes
+    cost = GEOPREFIX_COST.model_copy(update={"home_needs_common_preamble": common_preamble})
+    text = next(history + _doc(i) for i in range(50) if _where("us", history + _doc(i), i, cost=cost) == "eu")
+    # asia served the conversation's earlier turns; neither this region (us) nor the home (eu) knows any of it
+    r = _router("us", cost=cost)
+    p = r.peers["asia"]
+    p.prefix_summary = _summary_of("asia", history)
+    r.update_peer(p)
+    d = r.decide(rq(0, text), 1.0)
+    if common_preamble:  # asia's match decides: no home, and eu is not priced as holding the prompt
+        assert r.selector.last_home is None
+        assert not (d.kind == "forward" and d.target == "eu")
+    else:  # before: the home, priced as holding the whole prompt, outbid the peer holding its history
+        assert r.selector.last_home == "eu" and d.kind == "forward" and d.target == "eu"
