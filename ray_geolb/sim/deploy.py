@@ -69,7 +69,9 @@ the issue-5 systems, each with its paper's intended deployment:
   ``geoprefix-gate`` with SP-P's region gate (``AvailabilityConfig.gate="region"``: the slots decide whether to
   send, the cost decides where among the replicas with KV room; section 41), ``geoprefix-uncapped`` with the
   shared-prefill term counting every request in flight (GeoPrefix's default before ``w_shared_max_inflight=32``;
-  section 42);
+  section 42), ``geoprefix-ln`` / ``geoprefix-gate-ln`` with the region layer's length-neutral in-flight term
+  (``CostSelectorConfig.shared_length_neutral``; section 43b) and ``geoprefix-home-local`` with the home rule's
+  check of this region's knowledge only (``home_needs_common_preamble=False``, the default before section 43a);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a

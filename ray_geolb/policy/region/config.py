@@ -64,7 +64,7 @@ class CostSelectorConfig(_Strict):
         False, description="scale the in-flight term (w_shared) on every side by min(1, mean prompt / this prompt), "
                            "so a forward compares the regions' loads per mean-sized request: the unscaled term grows "
                            "with the prompt, and forwarding picked the longest prompts, whose own TTFT the RTT then "
-                           "pushed past the tail (benchmarks/RESULTS.md section 43)")
+                           "pushed past the tail (benchmarks/RESULTS.md section 43b: measured, not adopted)")
     peer_summary: bool = Field(
         False, description="publish this region's prefix summary (region/prefix_summary.py: a Bloom filter over its "
                            "prefix index's recent block keys) with each heartbeat, and price a forward's residual "
@@ -84,7 +84,7 @@ class CostSelectorConfig(_Strict):
         True, description="the home rule also needs every peer to know no more of the prompt than 1.25x what the "
                           "region that knows least knows (+ min_match_chars): a peer that knows more was sent the "
                           "prompt's history, and its match decides; False: only this region's knowledge is checked "
-                          "(before benchmarks/RESULTS.md section 43, when a home peer priced as holding the whole "
+                          "(before benchmarks/RESULTS.md section 43a, when a home peer priced as holding the whole "
                           "prompt outbid a peer that held most of it)")
     ttft: TtftModelConfig = TtftModelConfig()
 
