@@ -377,17 +377,24 @@ register_system("geoprefix-gate", "per-region", {"name": "geoprefix", "availabil
                 "among the replicas with KV room")
 register_system("geoprefix-uncapped", "per-region", {"name": "geoprefix", "w_shared_max_inflight": None},
                 "GeoPrefix whose shared-prefill term counts every request in flight (its default before the cap)")
+
+
+def _geoprefix_cost(**over) -> Dict[str, Any]:
+    """GeoPrefix's cost selector settings (``GEOPREFIX_COST``) with ``over`` changed: a variant's
+    ``two_layer["cost"]``."""
+    return {**GEOPREFIX_COST.model_dump(exclude_unset=True), **over}
+
+
 register_system("geoprefix-gate-ln", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
                 "GeoPrefix with the region gate and a length-neutral region layer (in-flight term scaled by "
                 "min(1, mean prompt / prompt))",
-                two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), "shared_length_neutral": True}})
+                two_layer={"cost": _geoprefix_cost(shared_length_neutral=True)})
 register_system("geoprefix-ln", "per-region", "geoprefix",
                 "GeoPrefix with a length-neutral region layer (in-flight term scaled by min(1, mean prompt / prompt))",
-                two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True), "shared_length_neutral": True}})
+                two_layer={"cost": _geoprefix_cost(shared_length_neutral=True)})
 register_system("geoprefix-home-local", "per-region", "geoprefix",
                 "GeoPrefix whose home rule checks only its own region's knowledge of a prompt (before section 43)",
-                two_layer={"cost": {**GEOPREFIX_COST.model_dump(exclude_unset=True),
-                                    "home_needs_common_preamble": False}})
+                two_layer={"cost": _geoprefix_cost(home_needs_common_preamble=False)})
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")

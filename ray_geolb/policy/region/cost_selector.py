@@ -302,12 +302,9 @@ class CostSelector(PeerSelector):
         # Nor may a peer know more than every other region (``home_needs_common_preamble``): that peer was
         # sent the prompt's history, and its match decides.
         if peers:
-            slack = cfg.min_match_chars / cfg.chars_per_token
-            least = min(hits.get(p, 0.0) for p in peers)
-            if local > 1.25 * least + slack:
-                return None
-            if cfg.home_needs_common_preamble and \
-                    max(hits.get(p, 0.0) for p in peers) > 1.25 * min(least, local) + slack:
+            peer_known = [hits.get(p, 0.0) for p in peers]
+            most = max(local, *peer_known) if cfg.home_needs_common_preamble else local
+            if most > 1.25 * min(local, *peer_known) + cfg.min_match_chars / cfg.chars_per_token:
                 return None
         i = bisect_left(prep.ends, depth)
         if i >= len(prep.keys):
