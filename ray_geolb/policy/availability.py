@@ -34,7 +34,7 @@ Modes:
   replicas) each take a share of every report and keep no more than their fixed part of an engine's
   sequence slots in flight there (:meth:`LoadTracker.set_share`).
 
-  Three options refine it. **A pending allowance** (``pending_allowance`` k; 0 is SkyLB's rule): a report
+  Four options refine it. **A pending allowance** (``pending_allowance`` k; 0 is SkyLB's rule): a report
   with at most k requests waiting still grants its slots less those k -- near KV saturation most reports
   catch a short queue, and SkyLB's rule then idles the engine for a report period and a half while the
   router holds what it could have started (GeoPrefix uses 8; measured in ``benchmarks/RESULTS.md``
@@ -42,6 +42,12 @@ Modes:
   new request once the uncached prompt tokens sent to it since its last report reach that many report
   intervals of prefill at its rate (``prefill_rate``, set by the owning policy), so a burst is not granted
   to a replica mid-step.
+  **Slots by prefill** (``slots_by_prefill``; off by default): a request spends the part of a slot its
+  uncached prompt tokens are of ``request_tokens`` (as the policy priced its match there; all of them when
+  unknown), at least ``MIN_SLOT`` and at most one. An engine admits a request at once when its step's token
+  budget has room for the prefill, so a request whose prompt the replica mostly holds queues nobody. With
+  one slot per request, a replica that holds many prompts runs out of slots at a peak while its engine has
+  nothing waiting, and the router sends its hits to replicas that must prefill them (RESULTS.md section 44).
 
   **The gate** (``gate``; the policy applies it, ``Policy.choose``): SkyLB's ``"replica"`` sends a request
   only to a replica with a slot left. ``"region"`` makes the slots say *whether* to send and the policy's
@@ -90,6 +96,10 @@ __all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLE
 AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
 #: most TTFT samples one report may carry (a replica sends only those since its previous report)
 MAX_TTFT_SAMPLES = 1024
+#: ``slots_by_prefill``: the least part of a slot a request spends, however much of its prompt is cached (it
+#: still takes a sequence slot and decodes)
+MIN_SLOT = 0.25
+_SLOT_EPS = 1e-9  # float sums of slot parts: a remainder this small is no slot
 
 
 def _replica_hash(target: Hashable) -> int:
@@ -253,7 +263,7 @@ class ReplicaStats:
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
                  "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill",
-                 "work_mark", "prefill_budget", "quota")
+                 "work_mark", "prefill_budget", "quota", "unseen_slots")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
@@ -265,6 +275,7 @@ class _Target:
         self.unseen = 0  # in flight, dispatched after stats.timestamp
         self.unseen_tokens = 0  # their prompt tokens
         self.unseen_prefill = 0  # their uncached prompt tokens (the prefill the last report cannot show)
+        self.unseen_slots = 0.0  # the slots they spent (``slots_by_prefill``; else not kept)
         self.work_mark: Optional[float] = None  # the previous report's time (the cap's report interval)
         self.prefill_budget: Optional[float] = None  # the unreported-work cap in tokens (None: not known yet)
         self.completed_seen = 0  # completed since the report, and counted by it
@@ -295,6 +306,7 @@ class LoadTracker:
         stale_report_s: Optional[float] = 5.0,
         prefill_budget_reports: Optional[float] = None,
         pending_allowance: int = 0,
+        slots_by_prefill: bool = False,
     ):
         if mode not in AVAILABILITY_MODES:
             raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
@@ -332,6 +344,9 @@ class LoadTracker:
         #: SP-P's pending test: a report with at most this many requests waiting still grants slots (less
         #: the ones waiting); 0 = SkyLB's rule (anything waiting: no slot until the next report)
         self.pending_allowance = pending_allowance
+        #: SP-P: a request spends :meth:`slot_cost` of a slot -- its uncached prompt tokens over
+        #: ``request_tokens``, between ``MIN_SLOT`` and 1 -- instead of one (see the module docstring)
+        self.slots_by_prefill = bool(slots_by_prefill)
         #: (rank, n): this router's share of each report's headroom (:meth:`set_share`)
         self.share = (0, 1)
         self.mode = mode
@@ -396,12 +411,16 @@ class LoadTracker:
         st.distrusted = False
         ts = stats.timestamp - self.seen_margin_s
         n = tok = pre = 0
+        slots = 0.0
+        weighted = self.slots_by_prefill
         for t, k, u in st.inflight.values():
             if t > ts:
                 n += 1
                 tok += k
                 pre += u
-        st.unseen, st.unseen_tokens, st.unseen_prefill = n, tok, pre
+                if weighted:
+                    slots += self.slot_cost(u)
+        st.unseen, st.unseen_tokens, st.unseen_prefill, st.unseen_slots = n, tok, pre, slots
         if self.prefill_budget_reports is not None:
             self._measure_prefill_budget(target, st, stats)
         st.completed_seen = 0
@@ -524,6 +543,12 @@ class LoadTracker:
             slots = min(self.unknown_headroom, self.max_burst)
         return max(0, slots - w), kv
 
+    def slot_cost(self, uncached: float) -> float:
+        """The part of a report's slot a request with ``uncached`` prompt tokens to prefill spends
+        (``slots_by_prefill``): ``uncached / request_tokens``, at least ``MIN_SLOT`` and at most one."""
+        x = uncached / self.request_tokens
+        return 1.0 if x >= 1.0 else (MIN_SLOT if x <= MIN_SLOT else x)
+
     def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0,
                     uncached: Optional[float] = None, pooled: bool = False) -> None:
         """Count a request at ``target``: ``tokens`` prompt tokens (``request_tokens`` if unknown), of which
@@ -550,6 +575,8 @@ class LoadTracker:
             st.unseen += 1
             st.unseen_tokens += tokens
             st.unseen_prefill += pre
+            if self.slots_by_prefill:
+                st.unseen_slots += self.slot_cost(pre)
         self._refresh(target, st)
 
     def _spend_pooled(self, request_id: Hashable) -> None:
@@ -582,6 +609,8 @@ class LoadTracker:
             st.unseen += 1
             st.unseen_tokens += tok
             st.unseen_prefill += pre
+            if self.slots_by_prefill:
+                st.unseen_slots += self.slot_cost(pre)
             self._refresh(target, st)
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None,
@@ -617,6 +646,8 @@ class LoadTracker:
             st.unseen = max(0, st.unseen - 1)
             st.unseen_tokens = max(0, st.unseen_tokens - tok)
             st.unseen_prefill = max(0, st.unseen_prefill - pre)
+            if self.slots_by_prefill:
+                st.unseen_slots = max(0.0, st.unseen_slots - self.slot_cost(pre)) if st.unseen else 0.0
         elif reached_engine and (now is None or now >= st.stats.timestamp + self.seen_margin_s):
             st.completed_seen += 1
         self._refresh(target, st)
@@ -643,7 +674,10 @@ class LoadTracker:
             return max(0, self.max_outstanding - len(st.inflight))
         waiting = st.stats.num_waiting if st.stats is not None and not st.distrusted else 0
         freed = max(0, st.completed_seen - waiting)
-        free = st.credits + freed - st.unseen
+        if self.slots_by_prefill:  # fractional slots spent: a slot partly left still takes one more request
+            free = math.ceil(st.credits + freed - st.unseen_slots - _SLOT_EPS)
+        else:
+            free = st.credits + freed - st.unseen
         if free <= 0:
             return 0
         if st.kv_budget is not None:

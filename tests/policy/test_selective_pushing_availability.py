@@ -221,7 +221,7 @@ def test_a_report_within_the_clock_skew_allowance_is_accepted():
     assert rs.timestamp == 1001.5
 
 
-@pytest.mark.parametrize("mode", ["sp-p", "sp-o", "bp"])
+@pytest.mark.parametrize("mode", ["sp-p", "sp-o", "bp", "sp-p by prefill"])
 def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
     """free_slots() (what the Serve ingress admits to its router at once) is, after any sequence of
     reports, dispatches, completions and removals, exactly the requests the tracker would still
@@ -229,7 +229,9 @@ def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
     import random
 
     rng = random.Random(7)
-    t = LoadTracker(mode, max_outstanding=3, max_burst=6, request_tokens=100)
+    weighted = mode == "sp-p by prefill"
+    mode = "sp-p" if weighted else mode
+    t = LoadTracker(mode, max_outstanding=3, max_burst=6, request_tokens=100, slots_by_prefill=weighted)
     targets = ["a", "b", "c"]
     t.set_targets(targets)
     live, n = [], 0
@@ -244,7 +246,7 @@ def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
                                                   block_tokens=None if kv is None else 16))
         elif op < 0.6 and t.available:
             tgt = rng.choice(sorted(t.available))
-            t.on_dispatch(tgt, n, now, tokens=rng.choice([0, 50, 300]))
+            t.on_dispatch(tgt, n, now, tokens=rng.choice([0, 50, 300]), uncached=rng.choice([None, 0, 10, 60, 250]))
             live.append(n)
             n += 1
         elif op < 0.9 and live:
@@ -399,3 +401,76 @@ def test_a_reservation_sent_after_a_report_is_dated_when_it_was_sent():
     assert t.unseen("a") == 1 and t.free_slots() == 1
     assert t.on_complete("r", now=0.9)  # sent after the report: its slot comes back as an unseen one
     assert t.unseen("a") == 0 and t.free_slots() == 2
+
+
+def test_slots_by_prefill_let_a_replica_take_its_cache_hits_at_a_peak():
+    """slots_by_prefill: a request spends its uncached prompt tokens' part of request_tokens of a slot, between
+    a quarter and one. A report granting 4 slots takes 16 requests the replica mostly holds, or 4 misses; one
+    slot per request (the default) takes 4 of either."""
+    def tracker(weighted):
+        t = LoadTracker("sp-p", max_burst=4, request_tokens=1000, slots_by_prefill=weighted)
+        t.set_targets(["a"])
+        t.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=64))
+        return t
+
+    for weighted, hits_taken in ((True, 16), (False, 4)):
+        t = tracker(weighted)
+        sent = 0
+        while t.is_available("a"):
+            t.on_dispatch("a", f"hit{sent}", 0.1, tokens=3000, uncached=100)  # 100 of 3,000 to prefill
+            sent += 1
+        assert sent == hits_taken and t.free_slots() == 0
+    t = tracker(True)
+    for i in range(4):
+        assert t.is_available("a")
+        t.on_dispatch("a", f"miss{i}", 0.1, tokens=3000)  # uncached unknown: all of it, one whole slot
+    assert not t.is_available("a")
+    t = tracker(True)
+    t.on_dispatch("a", "half", 0.1, tokens=600, uncached=500)  # half a slot
+    t.on_dispatch("a", "long", 0.1, tokens=9000, uncached=9000)  # never more than one
+    assert t.free_slots() == 3  # 2.5 slots left: a slot partly left still takes a request
+    t.on_dispatch("a", "other", 0.1, tokens=9000)
+    t.on_dispatch("a", "hit", 0.1, tokens=9000, uncached=0)  # a quarter: 1.25 left
+    assert t.free_slots() == 2
+
+
+def test_slots_by_prefill_give_back_what_each_request_spent():
+    """A completion gives back the part it spent, and a report recounts the unseen ones: both land on the
+    same figure, with nothing left over once every request has left."""
+    t = LoadTracker("sp-p", max_burst=8, request_tokens=1000, slots_by_prefill=True)
+    t.set_targets(["a"])
+    t.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=64))
+    parts = {"r0": 100, "r1": 700, "r2": 3000, "r3": 0, "r4": 330}
+    for i, (rid, u) in enumerate(parts.items()):
+        t.on_dispatch("a", rid, 0.1 + 0.01 * i, tokens=3000, uncached=u)
+    spent = 0.25 + 0.7 + 1.0 + 0.25 + 0.33
+    assert t._t["a"].unseen_slots == pytest.approx(spent)
+    assert t.free_slots() == 6  # ceil(8 - 2.53)
+    t.on_complete("r1", now=0.2)
+    assert t._t["a"].unseen_slots == pytest.approx(spent - 0.7)
+    t.on_stats("a", stats(running=4, ts=0.125, max_num_seqs=64))  # saw r0 and r2 (sent at 0.10, 0.12)
+    assert t._t["a"].unseen_slots == pytest.approx(0.25 + 0.33)
+    for rid in ("r0", "r2", "r3", "r4"):
+        t.on_complete(rid, now=0.3)
+    assert t._t["a"].unseen_slots == 0.0 and t.unseen("a") == 0
+
+
+def test_geoprefix_spends_a_quarter_slot_on_a_prompt_its_replica_holds():
+    """Through the policy: the uncached tokens a cost policy priced at its pick are what the slot costs."""
+    from ray_geolb.policy import RouteRequest, build_policy
+
+    p = build_policy({"name": "geoprefix", "availability": {"slots_by_prefill": True, "max_burst": 2},
+                      "prefix": {"block_chars": 64, "growth": 0.0}}, targets=["a"])
+    assert p.tracker.slots_by_prefill
+    p.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=64))
+    shared = "s" * 16_000  # ~4,000 tokens
+    first = RouteRequest("r0", shared + "one")
+    p.on_dispatch(first, p.choose(first, 0.1).target, 0.1)  # a miss: one of the two slots
+    assert p.tracker.free_slots() == 1
+    for i in range(3):  # the shared context is cached there: a quarter each
+        req = RouteRequest(f"r{i + 1}", shared + f"turn {i}")
+        d = p.choose(req, 0.2)
+        assert d is not None and d.target == "a"
+        p.on_dispatch(req, d.target, 0.2)
+    assert p.tracker._t["a"].unseen_slots == pytest.approx(1.75)
+    assert p.tracker.free_slots() == 1
