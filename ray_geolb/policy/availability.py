@@ -42,12 +42,14 @@ Modes:
   new request once the uncached prompt tokens sent to it since its last report reach that many report
   intervals of prefill at its rate (``prefill_rate``, set by the owning policy), so a burst is not granted
   to a replica mid-step.
-  **Slots by prefill** (``slots_by_prefill``; off by default): a request spends the part of a slot its
-  uncached prompt tokens are of ``request_tokens`` (as the policy priced its match there; all of them when
-  unknown), at least ``MIN_SLOT`` and at most one. An engine admits a request at once when its step's token
-  budget has room for the prefill, so a request whose prompt the replica mostly holds queues nobody. With
-  one slot per request, a replica that holds many prompts runs out of slots at a peak while its engine has
-  nothing waiting, and the router sends its hits to replicas that must prefill them (RESULTS.md section 44).
+  **Slots by uncached share** (``slots_by_uncached_share``; off by default): a request spends the share of
+  its prompt the target does not hold (as the policy priced its match there; all of it when unknown) of a
+  slot, at least ``MIN_SLOT``. One slot per request caps how many requests a replica takes per report
+  whatever they cost it: at a peak, a replica that holds many conversations runs out of slots while its
+  engine has nothing waiting, and its cache hits are sent to replicas that must prefill them in full, which
+  costs the fleet the prefill and makes the next turns miss too (RESULTS.md section 44). A new prompt,
+  however short, still spends a whole slot: what the count also spreads is decode work, and spending slots
+  by prefill tokens alone piled a burst of short new prompts onto one replica.
 
   **The gate** (``gate``; the policy applies it, ``Policy.choose``): SkyLB's ``"replica"`` sends a request
   only to a replica with a slot left. ``"region"`` makes the slots say *whether* to send and the policy's
@@ -96,8 +98,8 @@ __all__ = ["ReplicaStats", "LoadTracker", "AVAILABILITY_MODES", "MAX_TTFT_SAMPLE
 AVAILABILITY_MODES = ("bp", "sp-o", "sp-p")
 #: most TTFT samples one report may carry (a replica sends only those since its previous report)
 MAX_TTFT_SAMPLES = 1024
-#: ``slots_by_prefill``: the least part of a slot a request spends, however much of its prompt is cached (it
-#: still takes a sequence slot and decodes)
+#: ``slots_by_uncached_share``: the least part of a slot a request spends, however much of its prompt the target
+#: holds (it still takes a sequence slot and decodes)
 MIN_SLOT = 0.25
 _SLOT_EPS = 1e-9  # float sums of slot parts: a remainder this small is no slot
 
@@ -275,7 +277,7 @@ class _Target:
         self.unseen = 0  # in flight, dispatched after stats.timestamp
         self.unseen_tokens = 0  # their prompt tokens
         self.unseen_prefill = 0  # their uncached prompt tokens (the prefill the last report cannot show)
-        self.unseen_slots = 0.0  # the slots they spent (``slots_by_prefill``; else not kept)
+        self.unseen_slots = 0.0  # the slots they spent (``slots_by_uncached_share``; else not kept)
         self.work_mark: Optional[float] = None  # the previous report's time (the cap's report interval)
         self.prefill_budget: Optional[float] = None  # the unreported-work cap in tokens (None: not known yet)
         self.completed_seen = 0  # completed since the report, and counted by it
@@ -306,7 +308,7 @@ class LoadTracker:
         stale_report_s: Optional[float] = 5.0,
         prefill_budget_reports: Optional[float] = None,
         pending_allowance: int = 0,
-        slots_by_prefill: bool = False,
+        slots_by_uncached_share: bool = False,
     ):
         if mode not in AVAILABILITY_MODES:
             raise ValueError(f"availability mode must be one of {AVAILABILITY_MODES}, got {mode!r}")
@@ -344,9 +346,9 @@ class LoadTracker:
         #: SP-P's pending test: a report with at most this many requests waiting still grants slots (less
         #: the ones waiting); 0 = SkyLB's rule (anything waiting: no slot until the next report)
         self.pending_allowance = pending_allowance
-        #: SP-P: a request spends :meth:`slot_cost` of a slot -- its uncached prompt tokens over
-        #: ``request_tokens``, between ``MIN_SLOT`` and 1 -- instead of one (see the module docstring)
-        self.slots_by_prefill = bool(slots_by_prefill)
+        #: SP-P: a request spends :meth:`slot_cost` of a slot -- the share of its prompt the target does not
+        #: hold, at least ``MIN_SLOT`` -- instead of one (see the module docstring)
+        self.slots_by_uncached_share = bool(slots_by_uncached_share)
         #: (rank, n): this router's share of each report's headroom (:meth:`set_share`)
         self.share = (0, 1)
         self.mode = mode
@@ -412,14 +414,14 @@ class LoadTracker:
         ts = stats.timestamp - self.seen_margin_s
         n = tok = pre = 0
         slots = 0.0
-        weighted = self.slots_by_prefill
+        weighted = self.slots_by_uncached_share
         for t, k, u in st.inflight.values():
             if t > ts:
                 n += 1
                 tok += k
                 pre += u
                 if weighted:
-                    slots += self.slot_cost(u)
+                    slots += self.slot_cost(k, u)
         st.unseen, st.unseen_tokens, st.unseen_prefill, st.unseen_slots = n, tok, pre, slots
         if self.prefill_budget_reports is not None:
             self._measure_prefill_budget(target, st, stats)
@@ -543,10 +545,11 @@ class LoadTracker:
             slots = min(self.unknown_headroom, self.max_burst)
         return max(0, slots - w), kv
 
-    def slot_cost(self, uncached: float) -> float:
-        """The part of a report's slot a request with ``uncached`` prompt tokens to prefill spends
-        (``slots_by_prefill``): ``uncached / request_tokens``, at least ``MIN_SLOT`` and at most one."""
-        x = uncached / self.request_tokens
+    @staticmethod
+    def slot_cost(tokens: int, uncached: float) -> float:
+        """The part of a report's slot a request of ``tokens`` prompt tokens, ``uncached`` of them to prefill at
+        the target, spends (``slots_by_uncached_share``): ``uncached / tokens``, at least ``MIN_SLOT``."""
+        x = uncached / tokens if tokens > 0 else 1.0
         return 1.0 if x >= 1.0 else (MIN_SLOT if x <= MIN_SLOT else x)
 
     def on_dispatch(self, target: Hashable, request_id: Hashable, now: float, tokens: int = 0,
@@ -575,8 +578,8 @@ class LoadTracker:
             st.unseen += 1
             st.unseen_tokens += tokens
             st.unseen_prefill += pre
-            if self.slots_by_prefill:
-                st.unseen_slots += self.slot_cost(pre)
+            if self.slots_by_uncached_share:
+                st.unseen_slots += self.slot_cost(tokens, pre)
         self._refresh(target, st)
 
     def _spend_pooled(self, request_id: Hashable) -> None:
@@ -609,8 +612,8 @@ class LoadTracker:
             st.unseen += 1
             st.unseen_tokens += tok
             st.unseen_prefill += pre
-            if self.slots_by_prefill:
-                st.unseen_slots += self.slot_cost(pre)
+            if self.slots_by_uncached_share:
+                st.unseen_slots += self.slot_cost(tok, pre)
             self._refresh(target, st)
 
     def on_complete(self, request_id: Hashable, target: Hashable = None, now: Optional[float] = None,
@@ -646,8 +649,8 @@ class LoadTracker:
             st.unseen = max(0, st.unseen - 1)
             st.unseen_tokens = max(0, st.unseen_tokens - tok)
             st.unseen_prefill = max(0, st.unseen_prefill - pre)
-            if self.slots_by_prefill:
-                st.unseen_slots = max(0.0, st.unseen_slots - self.slot_cost(pre)) if st.unseen else 0.0
+            if self.slots_by_uncached_share:
+                st.unseen_slots = max(0.0, st.unseen_slots - self.slot_cost(tok, pre)) if st.unseen else 0.0
         elif reached_engine and (now is None or now >= st.stats.timestamp + self.seen_margin_s):
             st.completed_seen += 1
         self._refresh(target, st)
@@ -674,7 +677,7 @@ class LoadTracker:
             return max(0, self.max_outstanding - len(st.inflight))
         waiting = st.stats.num_waiting if st.stats is not None and not st.distrusted else 0
         freed = max(0, st.completed_seen - waiting)
-        if self.slots_by_prefill:  # fractional slots spent: a slot partly left still takes one more request
+        if self.slots_by_uncached_share:  # fractional slots spent: a slot partly left still takes one more request
             free = math.ceil(st.credits + freed - st.unseen_slots - _SLOT_EPS)
         else:
             free = st.credits + freed - st.unseen

@@ -188,7 +188,7 @@ class Policy:
             seen_margin_s=av.seen_margin_s,
             stale_report_s=av.stale_report_s,
             prefill_budget_reports=av.prefill_budget_reports,
-            slots_by_prefill=av.slots_by_prefill,
+            slots_by_uncached_share=av.slots_by_uncached_share,
             pending_allowance=av.pending_allowance if av.pending_allowance is not None else
             self.default_pending_allowance,
         )

@@ -375,10 +375,10 @@ register_system("geoprefix-bp", "per-region", {"name": "geoprefix", "availabilit
 register_system("geoprefix-gate", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
                 "GeoPrefix with SP-P's region gate: held while no replica has a slot left, else the cost picks "
                 "among the replicas with KV room")
-register_system("geoprefix-prefill-slots", "per-region",
-                {"name": "geoprefix", "availability": {"slots_by_prefill": True}},
-                "GeoPrefix whose SP-P slots are spent by prefill: a request spends its uncached share of a typical "
-                "request's tokens (between 1/4 and 1) of a slot")
+register_system("geoprefix-hit-slots", "per-region",
+                {"name": "geoprefix", "availability": {"slots_by_uncached_share": True}},
+                "GeoPrefix whose SP-P slots are spent by the uncached share of each prompt (at least 1/4 of a slot): "
+                "a replica keeps taking the turns it holds at a peak")
 register_system("geoprefix-uncapped", "per-region", {"name": "geoprefix", "w_shared_max_inflight": None},
                 "GeoPrefix whose shared-prefill term counts every request in flight (its default before the cap)")
 

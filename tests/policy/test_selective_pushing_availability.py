@@ -221,7 +221,7 @@ def test_a_report_within_the_clock_skew_allowance_is_accepted():
     assert rs.timestamp == 1001.5
 
 
-@pytest.mark.parametrize("mode", ["sp-p", "sp-o", "bp", "sp-p by prefill"])
+@pytest.mark.parametrize("mode", ["sp-p", "sp-o", "bp", "sp-p by uncached share"])
 def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
     """free_slots() (what the Serve ingress admits to its router at once) is, after any sequence of
     reports, dispatches, completions and removals, exactly the requests the tracker would still
@@ -229,9 +229,9 @@ def test_free_slots_is_the_sum_the_tracker_would_grant(mode):
     import random
 
     rng = random.Random(7)
-    weighted = mode == "sp-p by prefill"
+    weighted = mode == "sp-p by uncached share"
     mode = "sp-p" if weighted else mode
-    t = LoadTracker(mode, max_outstanding=3, max_burst=6, request_tokens=100, slots_by_prefill=weighted)
+    t = LoadTracker(mode, max_outstanding=3, max_burst=6, request_tokens=100, slots_by_uncached_share=weighted)
     targets = ["a", "b", "c"]
     t.set_targets(targets)
     live, n = [], 0
@@ -403,12 +403,12 @@ def test_a_reservation_sent_after_a_report_is_dated_when_it_was_sent():
     assert t.unseen("a") == 0 and t.free_slots() == 2
 
 
-def test_slots_by_prefill_let_a_replica_take_its_cache_hits_at_a_peak():
-    """slots_by_prefill: a request spends its uncached prompt tokens' part of request_tokens of a slot, between
-    a quarter and one. A report granting 4 slots takes 16 requests the replica mostly holds, or 4 misses; one
-    slot per request (the default) takes 4 of either."""
+def test_slots_by_uncached_share_let_a_replica_take_its_cache_hits_at_a_peak():
+    """slots_by_uncached_share: a request spends the share of its prompt the replica does not hold of a slot, at
+    least a quarter. A report granting 4 slots takes 16 requests the replica mostly holds but only 4 new prompts,
+    however short; one slot per request (the default) takes 4 of either."""
     def tracker(weighted):
-        t = LoadTracker("sp-p", max_burst=4, request_tokens=1000, slots_by_prefill=weighted)
+        t = LoadTracker("sp-p", max_burst=4, request_tokens=1000, slots_by_uncached_share=weighted)
         t.set_targets(["a"])
         t.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=64))
         return t
@@ -420,27 +420,28 @@ def test_slots_by_prefill_let_a_replica_take_its_cache_hits_at_a_peak():
             t.on_dispatch("a", f"hit{sent}", 0.1, tokens=3000, uncached=100)  # 100 of 3,000 to prefill
             sent += 1
         assert sent == hits_taken and t.free_slots() == 0
+    for kw in ({"tokens": 3000}, {"tokens": 50, "uncached": 50}):  # unknown: all of it; a short new prompt
+        t = tracker(True)
+        for i in range(4):
+            assert t.is_available("a")
+            t.on_dispatch("a", f"new{i}", 0.1, **kw)
+        assert not t.is_available("a")
     t = tracker(True)
-    for i in range(4):
-        assert t.is_available("a")
-        t.on_dispatch("a", f"miss{i}", 0.1, tokens=3000)  # uncached unknown: all of it, one whole slot
-    assert not t.is_available("a")
-    t = tracker(True)
-    t.on_dispatch("a", "half", 0.1, tokens=600, uncached=500)  # half a slot
-    t.on_dispatch("a", "long", 0.1, tokens=9000, uncached=9000)  # never more than one
+    t.on_dispatch("a", "half", 0.1, tokens=600, uncached=300)  # half a slot
+    t.on_dispatch("a", "new", 0.1, tokens=9000, uncached=9000)  # one
     assert t.free_slots() == 3  # 2.5 slots left: a slot partly left still takes a request
     t.on_dispatch("a", "other", 0.1, tokens=9000)
     t.on_dispatch("a", "hit", 0.1, tokens=9000, uncached=0)  # a quarter: 1.25 left
     assert t.free_slots() == 2
 
 
-def test_slots_by_prefill_give_back_what_each_request_spent():
+def test_slots_by_uncached_share_give_back_what_each_request_spent():
     """A completion gives back the part it spent, and a report recounts the unseen ones: both land on the
     same figure, with nothing left over once every request has left."""
-    t = LoadTracker("sp-p", max_burst=8, request_tokens=1000, slots_by_prefill=True)
+    t = LoadTracker("sp-p", max_burst=8, request_tokens=1000, slots_by_uncached_share=True)
     t.set_targets(["a"])
     t.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=64))
-    parts = {"r0": 100, "r1": 700, "r2": 3000, "r3": 0, "r4": 330}
+    parts = {"r0": 100, "r1": 2100, "r2": 3000, "r3": 0, "r4": 990}  # of 3,000 tokens each
     for i, (rid, u) in enumerate(parts.items()):
         t.on_dispatch("a", rid, 0.1 + 0.01 * i, tokens=3000, uncached=u)
     spent = 0.25 + 0.7 + 1.0 + 0.25 + 0.33
@@ -456,12 +457,12 @@ def test_slots_by_prefill_give_back_what_each_request_spent():
 
 
 def test_geoprefix_spends_a_quarter_slot_on_a_prompt_its_replica_holds():
-    """Through the policy: the uncached tokens a cost policy priced at its pick are what the slot costs."""
+    """Through the policy: the share a cost policy priced as uncached at its pick is what the slot costs."""
     from ray_geolb.policy import RouteRequest, build_policy
 
-    p = build_policy({"name": "geoprefix", "availability": {"slots_by_prefill": True, "max_burst": 2},
+    p = build_policy({"name": "geoprefix", "availability": {"slots_by_uncached_share": True, "max_burst": 2},
                       "prefix": {"block_chars": 64, "growth": 0.0}}, targets=["a"])
-    assert p.tracker.slots_by_prefill
+    assert p.tracker.slots_by_uncached_share
     p.on_stats("a", stats(running=0, ts=0.0, max_num_seqs=64))
     shared = "s" * 16_000  # ~4,000 tokens
     first = RouteRequest("r0", shared + "one")
