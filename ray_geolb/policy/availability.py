@@ -44,12 +44,13 @@ Modes:
   to a replica mid-step.
   **Slots by uncached share** (``slots_by_uncached_share``; off by default): a request spends the share of
   its prompt the target does not hold (as the policy priced its match there; all of it when unknown) of a
-  slot, at least ``MIN_SLOT``. One slot per request caps how many requests a replica takes per report
-  whatever they cost it: at a peak, a replica that holds many conversations runs out of slots while its
-  engine has nothing waiting, and its cache hits are sent to replicas that must prefill them in full, which
-  costs the fleet the prefill and makes the next turns miss too (RESULTS.md section 44). A new prompt,
-  however short, still spends a whole slot: what the count also spreads is decode work, and spending slots
-  by prefill tokens alone piled a burst of short new prompts onto one replica.
+  slot, at least ``MIN_SLOT``; the target still takes no more requests than its report's free sequence slots
+  (a report without the engine's size: one slot per request). One slot per request caps how many requests a
+  replica takes per report whatever they cost it: at a peak, a replica that holds many conversations runs
+  out of slots while its engine has nothing waiting, and its cache hits are sent to replicas that must
+  prefill them in full, which costs the fleet the prefill and makes the next turns miss too (RESULTS.md
+  section 44). A new prompt, however short, still spends a whole slot: what the count also spreads is decode
+  work, and spending slots by prefill tokens alone piled a burst of short new prompts onto one replica.
 
   **The gate** (``gate``; the policy applies it, ``Policy.choose``): SkyLB's ``"replica"`` sends a request
   only to a replica with a slot left. ``"region"`` makes the slots say *whether* to send and the policy's
@@ -265,7 +266,7 @@ class ReplicaStats:
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
                  "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill",
-                 "work_mark", "prefill_budget", "quota", "unseen_slots")
+                 "work_mark", "prefill_budget", "quota", "unseen_slots", "seq_room")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
@@ -278,6 +279,7 @@ class _Target:
         self.unseen_tokens = 0  # their prompt tokens
         self.unseen_prefill = 0  # their uncached prompt tokens (the prefill the last report cannot show)
         self.unseen_slots = 0.0  # the slots they spent (``slots_by_uncached_share``; else not kept)
+        self.seq_room: Optional[int] = None  # the engine's free sequence slots at the report (None: not reported)
         self.work_mark: Optional[float] = None  # the previous report's time (the cap's report interval)
         self.prefill_budget: Optional[float] = None  # the unreported-work cap in tokens (None: not known yet)
         self.completed_seen = 0  # completed since the report, and counted by it
@@ -427,6 +429,8 @@ class LoadTracker:
             self._measure_prefill_budget(target, st, stats)
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
+        st.seq_room = (None if stats.max_num_seqs is None or st.credits <= 0
+                       else max(0, stats.max_num_seqs - stats.num_running - stats.num_waiting))
         if self.share[1] > 1:
             st.credits, st.kv_budget = self._shared(target, st.credits, st.kv_budget, stats.timestamp)
             st.quota = None if stats.max_num_seqs is None else self._quota(target, stats.max_num_seqs)
@@ -448,7 +452,7 @@ class LoadTracker:
         if (st.distrusted or st.inflight or now - st.figures_since < bound or now - st.idle_since < bound):
             return False
         st.distrusted = True
-        st.credits, st.kv_budget = self.unknown_headroom, None
+        st.credits, st.kv_budget, st.seq_room = self.unknown_headroom, None, None
         st.completed_seen = 0
         self.distrusted_reports += 1
         return True
@@ -677,8 +681,10 @@ class LoadTracker:
             return max(0, self.max_outstanding - len(st.inflight))
         waiting = st.stats.num_waiting if st.stats is not None and not st.distrusted else 0
         freed = max(0, st.completed_seen - waiting)
-        if self.slots_by_uncached_share:  # fractional slots spent: a slot partly left still takes one more request
-            free = math.ceil(st.credits + freed - st.unseen_slots - _SLOT_EPS)
+        if self.slots_by_uncached_share and st.seq_room is not None:
+            # fractional slots spent (a slot partly left still takes one more request), never more requests
+            # than the engine had sequence slots free
+            free = min(math.ceil(st.credits + freed - st.unseen_slots - _SLOT_EPS), st.seq_room + freed - st.unseen)
         else:
             free = st.credits + freed - st.unseen
         if free <= 0:

@@ -475,3 +475,20 @@ def test_geoprefix_spends_a_quarter_slot_on_a_prompt_its_replica_holds():
         p.on_dispatch(req, d.target, 0.2)
     assert p.tracker._t["a"].unseen_slots == pytest.approx(1.75)
     assert p.tracker.free_slots() == 1
+
+
+def test_slots_by_uncached_share_never_send_an_engine_more_requests_than_its_free_sequences():
+    """The share discounts a report's slots, never the engine's free sequence slots: with 4 of 64 free (60
+    running), 4 hits fill it; a report without the engine's size keeps one request per slot."""
+    t = LoadTracker("sp-p", max_burst=32, request_tokens=1000, slots_by_uncached_share=True)
+    t.set_targets(["a", "b"])
+    t.on_stats("a", stats(running=60, ts=0.0, max_num_seqs=64))
+    t.on_stats("b", ReplicaStats(num_waiting=0, timestamp=0.0))  # no capacity fields: unknown_headroom, 1
+    for name, room in (("a", 4), ("b", 1)):
+        sent = 0
+        while t.is_available(name) and sent < 100:
+            t.on_dispatch(name, f"{name}{sent}", 0.1, tokens=3000, uncached=0)
+            sent += 1
+        assert sent == room
+    t.on_complete("a0", now=0.2)  # sent after the report: its sequence slot comes back
+    assert t.is_available("a") and t.free_slots() == 1
