@@ -671,9 +671,11 @@ class LoadTracker:
             self.available.discard(target)
 
     def _free(self, st: _Target) -> int:
-        """Request slots this router may still send to the target: SP-P's ``credits + freed - unseen``,
-        capped by the KV budget in requests of ``request_tokens``; SP-O's ``max_outstanding -
-        outstanding``; BP's ``max_burst`` (always available). > 0 exactly when the target is available."""
+        """Request slots this router may still send to the target: SP-P's ``credits + freed - unseen`` (with
+        ``slots_by_uncached_share``: the unseen requests' slot parts, rounded up, and no more than the engine's
+        free sequence slots), capped by the KV budget in requests of ``request_tokens``; SP-O's
+        ``max_outstanding - outstanding``; BP's ``max_burst`` (always available). > 0 exactly when the target
+        is available."""
         mode = self.mode
         if mode == "bp":
             return self.max_burst
