@@ -721,6 +721,17 @@ class LoadTracker:
             return False
         return st.quota is None or len(st.inflight) < st.quota
 
+    def has_sequence_room(self, target: Hashable) -> bool:
+        """:meth:`has_room`, and the engine had a sequence slot free at its report that the requests sent since
+        have not taken (no engine size reported: only :meth:`has_room`)."""
+        if not self.has_room(target):
+            return False
+        st = self._t[target]
+        s = st.stats
+        if s is None or s.max_num_seqs is None:
+            return True
+        return s.max_num_seqs - s.num_running - s.num_waiting + st.completed_seen - st.unseen > 0
+
     def outstanding(self, target: Hashable) -> int:
         return self._out.get(target, 0)
 

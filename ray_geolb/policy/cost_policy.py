@@ -34,7 +34,7 @@ import heapq
 import math
 from typing import Callable, Dict, Hashable, Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .base import Decision
 from .config import PolicyConfig, PrefixIndexConfig
@@ -82,6 +82,19 @@ class CostConfig(PolicyConfig):
         "none", description="lower bound on the fitted t_p: 'none' (the fit as is) or 'prior' (never below "
                             "ttft.prior_tp_s: a fit dominated by queueing can clamp to 0, which erases the "
                             "residual-prefill term and with it all prefix affinity)")
+    holder_pass_share: Optional[float] = Field(
+        None, gt=0.0, le=1.0,
+        description="while some replica has a slot, a replica with none left still competes (priced by its queue) "
+                    "for a request whose prompt it holds at least this share of, if it has KV room and a free "
+                    "sequence slot: a cache hit is cheap work, and sent elsewhere it is prefilled in full; "
+                    "None: off (only replicas with a slot compete)")
+
+    @model_validator(mode="after")
+    def _holder_pass_is_not_the_region_gate(self):
+        if self.holder_pass_share is not None and self.availability.gate == "region":
+            raise ValueError("holder_pass_share and availability.gate='region' cannot be combined: the region gate "
+                             "already lets every replica with room compete; set one of them")
+        return self
 
 
 class CostPolicy(RttHook, PrefixPolicy):
@@ -252,6 +265,31 @@ class CostPolicy(RttHook, PrefixPolicy):
         lo = min(out(t) for t in ties)
         ties = [t for t in ties if out(t) == lo]
         return ties[0] if len(ties) == 1 else self.rng.choice(ties)
+
+    def choose(self, req, now: float, candidates=None):
+        share = self.config.holder_pass_share
+        if share is None or self.tracker.mode != "sp-p":
+            return super().choose(req, now, candidates)
+        if candidates is not None and not isinstance(candidates, (list, tuple)):
+            candidates = list(candidates)  # read twice below
+        eligible = self.eligible(candidates)
+        if not eligible:
+            return None  # held at the router, as without the pass: the pass adds holders, it never starts a send
+        pool = self._with_holders(req, eligible, self._targets if candidates is None else candidates, share, now)
+        return self._pick(req, pool, now)
+
+    def _with_holders(self, req, eligible, targets, share: float, now: float):
+        """``eligible`` plus the replicas without a slot that hold at least ``share`` of ``req``'s prompt and
+        still have room for it (``LoadTracker.has_sequence_room``), in target order."""
+        if len(eligible) == len(targets):
+            return eligible
+        el = set(eligible)
+        others = [t for t in targets if t not in el]
+        hits = self._hits(req, others, now)
+        need = share * req.prompt_tokens
+        room = self.tracker.has_sequence_room
+        holders = [t for t, h in hits.items() if h >= need and room(t)]
+        return self.in_target_order(eligible + holders) if holders else eligible
 
     def _pick(self, req, eligible, now):
         costs = self.costs(req, eligible, now)

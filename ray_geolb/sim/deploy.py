@@ -379,6 +379,10 @@ register_system("geoprefix-hit-slots", "per-region",
                 {"name": "geoprefix", "availability": {"slots_by_uncached_share": True}},
                 "GeoPrefix whose SP-P slots are spent by the uncached share of each prompt (at least 1/4 of a slot): "
                 "a replica keeps taking the turns it holds at a peak")
+register_system("geoprefix-hit-pass", "per-region",
+                {"name": "geoprefix", "holder_pass_share": 0.5, "availability": {"slots_by_uncached_share": True}},
+                "geoprefix-hit-slots, and a replica with no slot left still competes (priced by its queue) for a "
+                "request it holds at least half of, while it has KV room and a free sequence slot")
 register_system("geoprefix-uncapped", "per-region", {"name": "geoprefix", "w_shared_max_inflight": None},
                 "GeoPrefix whose shared-prefill term counts every request in flight (its default before the cap)")
 

@@ -492,3 +492,63 @@ def test_slots_by_uncached_share_never_send_an_engine_more_requests_than_its_fre
         assert sent == room
     t.on_complete("a0", now=0.2)  # sent after the report: its sequence slot comes back
     assert t.is_available("a") and t.free_slots() == 1
+
+
+def _holder_pass_policy(share, **availability):
+    from ray_geolb.policy import build_policy
+
+    p = build_policy({"name": "geoprefix", "holder_pass_share": share,
+                      "availability": {"pending_allowance": 0, **availability},
+                      "prefix": {"block_chars": 64, "growth": 0.0}}, targets=["a", "b"])
+    for t in ("a", "b"):
+        p.on_stats(t, stats(running=0, ts=0.0, max_num_seqs=64))
+    return p
+
+
+def test_a_replica_without_a_slot_still_competes_for_a_prompt_it_holds_with_the_holder_pass():
+    """holder_pass_share: a replica whose report granted nothing (here one request waiting, SkyLB's strict rule)
+    still competes for a request it holds at least that share of, priced by its queue, and wins it over a
+    replica that would prefill the whole prompt; without the pass the other replica takes it."""
+    from ray_geolb.policy import RouteRequest
+
+    shared = "s" * 16_000  # ~4,000 tokens
+    for share, expect in ((None, "b"), (0.5, "a")):
+        p = _holder_pass_policy(share)
+        first = RouteRequest("r0", shared + "one")
+        p.on_dispatch(first, p.choose(first, 0.1, candidates=["a"]).target, 0.1)
+        for i in range(7):  # short prompts elsewhere: a request waiting at a is priced at the mean, ~590 tokens
+            short = RouteRequest(f"short{i}", f"{i} " * 200)
+            p.on_dispatch(short, p.choose(short, 0.1, candidates=["b"]).target, 0.1)
+        p.on_stats("a", stats(waiting=1, running=0, ts=0.2, max_num_seqs=64))  # one waits: no slot at a
+        assert not p.tracker.is_available("a") and p.tracker.is_available("b")
+        turn = RouteRequest("r1", shared + "two")
+        assert p.choose(turn, 0.3).target == expect, share
+
+
+def test_the_holder_pass_needs_the_share_a_free_sequence_and_some_replica_with_a_slot():
+    """The pass adds a holder only if it holds the share, has a sequence slot free at its report that the
+    requests sent since left, and some replica still has a slot: it never starts a send the slots hold back."""
+    from ray_geolb.policy import RouteRequest
+
+    shared = "s" * 16_000
+    p = _holder_pass_policy(0.5)
+    first = RouteRequest("r0", shared)
+    p.on_dispatch(first, p.choose(first, 0.1, candidates=["a"]).target, 0.1)
+    p.on_stats("a", stats(waiting=1, running=0, ts=0.2, max_num_seqs=64))
+    assert p.choose(RouteRequest("mostly-new", shared[:4_000] + "n" * 12_000), 0.3).target == "b"  # holds 1/4
+    p.on_stats("a", stats(waiting=1, running=63, ts=0.25, max_num_seqs=64))  # every sequence slot taken
+    assert p.choose(RouteRequest("full", shared + "x"), 0.3).target == "b"
+    p.on_stats("a", stats(waiting=1, running=0, ts=0.3, max_num_seqs=64))
+    p.on_stats("b", stats(waiting=1, running=0, ts=0.3, max_num_seqs=64))  # no slot anywhere
+    assert p.choose(RouteRequest("held", shared + "y"), 0.35) is None
+
+
+def test_the_holder_pass_and_the_region_gate_are_refused_together_naming_both():
+    from ray_geolb.policy import build_policy
+
+    with pytest.raises(ValueError, match="holder_pass_share and availability.gate='region'"):
+        build_policy({"name": "geoprefix", "holder_pass_share": 0.5, "availability": {"gate": "region"}},
+                     targets=["a"])
+    for bad in (0.0, 1.5, "half"):
+        with pytest.raises(ValueError, match="holder_pass_share"):
+            build_policy({"name": "geoprefix", "holder_pass_share": bad}, targets=["a"])

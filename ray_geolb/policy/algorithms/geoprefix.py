@@ -44,6 +44,11 @@ replicas,
 The measurements behind each term (pooled ``t_p``, ``w_shared``, the floor, ``min_match_chars``,
 the slot wait) are in ``benchmarks/RESULTS.md`` section 8.
 
+**The holder pass** (``holder_pass_share``, opt-in, off by default): while some replica has a slot, a replica
+with none left still competes, priced by its queue, for a request whose prompt it holds at least that share of
+(``CostPolicy.choose``); with SP-P's slots spent by each prompt's uncached share it is the simulator's
+``geoprefix-hit-pass`` (benchmarks/RESULTS.md section 45).
+
 The minimum wins; ties go to the fewest outstanding requests. Every request trades its match
 against each replica's load in the same units (seconds) — there is no fleet-wide "balance mode"
 switch that flips all requests to load balancing at once (vllm-project/router #238).
