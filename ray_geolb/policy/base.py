@@ -175,6 +175,7 @@ class Policy:
     #: SP-P's defaults when the config does not say (``AvailabilityConfig.max_burst`` / ``pending_allowance``)
     default_max_burst: ClassVar[int] = 32
     default_pending_allowance: ClassVar[int] = 0
+    default_slots_by_uncached_share: ClassVar[bool] = False
 
     def __init__(self, config=None, targets: Iterable[Hashable] = (), cache_probe: Callable = None):
         self.config = self.parse_config(config)
@@ -188,7 +189,8 @@ class Policy:
             seen_margin_s=av.seen_margin_s,
             stale_report_s=av.stale_report_s,
             prefill_budget_reports=av.prefill_budget_reports,
-            slots_by_uncached_share=av.slots_by_uncached_share,
+            slots_by_uncached_share=av.slots_by_uncached_share if av.slots_by_uncached_share is not None else
+            self.default_slots_by_uncached_share,
             pending_allowance=av.pending_allowance if av.pending_allowance is not None else
             self.default_pending_allowance,
         )

@@ -56,11 +56,12 @@ class AvailabilityConfig(_Strict):
                     "policy picks among every replica with room (KV budget, and several routers' fixed part of the "
                     "slots), a replica past max_burst or the waiting allowance priced by its queue; such a send "
                     "spends a slot of the replica with the most, so the region sends no more than its slots")
-    slots_by_uncached_share: bool = Field(
-        False,
+    slots_by_uncached_share: Optional[bool] = Field(
+        None,
         description="SP-P: a request spends the share of its prompt a replica does not hold of a report's slot (at "
                     "least 1/4), so a replica holding many conversations keeps taking their turns at a peak; a new "
-                    "prompt spends a whole slot (False: one slot per request, SkyLB's rule)")
+                    "prompt spends a whole slot (False: one slot per request, SkyLB's rule; None: the algorithm's "
+                    "default, False; GeoPrefix True)")
     request_tokens: int = Field(1024, ge=1, description="SP-P: a typical request's KV tokens: spent per dispatch when "
                                                         "its prompt size is unknown, and the least KV budget a replica "
                                                         "must have left to stay available")

@@ -91,7 +91,10 @@ class CostConfig(PolicyConfig):
 
     @model_validator(mode="after")
     def _holder_pass_is_not_the_region_gate(self):
-        if self.holder_pass_share is not None and self.availability.gate == "region":
+        """Both set by the caller: refused. A policy's default share under the region gate: off (the gate already
+        lets every replica with room compete)."""
+        if (self.holder_pass_share is not None and "holder_pass_share" in self.model_fields_set
+                and self.availability.gate == "region"):
             raise ValueError("holder_pass_share and availability.gate='region' cannot be combined: the region gate "
                              "already lets every replica with room compete; set one of them")
         return self
@@ -268,7 +271,7 @@ class CostPolicy(RttHook, PrefixPolicy):
 
     def choose(self, req, now: float, candidates=None):
         share = self.config.holder_pass_share
-        if share is None or self.tracker.mode != "sp-p":
+        if share is None or self.tracker.mode != "sp-p" or self.region_gate:
             return super().choose(req, now, candidates)
         if candidates is not None and not isinstance(candidates, (list, tuple)):
             candidates = list(candidates)  # read twice below

@@ -72,6 +72,9 @@ the issue-5 systems, each with its paper's intended deployment:
   section 42), ``geoprefix-ln`` / ``geoprefix-gate-ln`` with the region layer's length-neutral in-flight term
   (``CostSelectorConfig.shared_length_neutral``; section 43b) and ``geoprefix-home-local`` with the home rule's
   check of this region's knowledge only (``home_needs_common_preamble=False``, the default before section 43a);
+  ``geoprefix-one-slot`` with one SP-P slot per request and no holder pass (the default before section 45),
+  ``geoprefix-hit-slots`` without the holder pass only, and ``geoprefix-hit-pass`` with GeoPrefix's defaults
+  spelt out (sections 44-45);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -375,14 +378,18 @@ register_system("geoprefix-bp", "per-region", {"name": "geoprefix", "availabilit
 register_system("geoprefix-gate", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
                 "GeoPrefix with SP-P's region gate: held while no replica has a slot left, else the cost picks "
                 "among the replicas with KV room")
+register_system("geoprefix-one-slot", "per-region",
+                {"name": "geoprefix", "holder_pass_share": None, "availability": {"slots_by_uncached_share": False}},
+                "GeoPrefix before section 45: one SP-P slot per request, and only a replica with a slot left competes")
 register_system("geoprefix-hit-slots", "per-region",
-                {"name": "geoprefix", "availability": {"slots_by_uncached_share": True}},
-                "GeoPrefix whose SP-P slots are spent by the uncached share of each prompt (at least 1/4 of a slot): "
-                "a replica keeps taking the turns it holds at a peak")
+                {"name": "geoprefix", "holder_pass_share": None, "availability": {"slots_by_uncached_share": True}},
+                "GeoPrefix without the holder pass: SP-P's slots spent by the uncached share of each prompt (at least "
+                "1/4 of a slot), and only a replica with a slot left competes")
 register_system("geoprefix-hit-pass", "per-region",
                 {"name": "geoprefix", "holder_pass_share": 0.5, "availability": {"slots_by_uncached_share": True}},
-                "geoprefix-hit-slots, and a replica with no slot left still competes (priced by its queue) for a "
-                "request it holds at least half of, while it has KV room and a free sequence slot")
+                "GeoPrefix's defaults spelt out: slots by uncached share, and a replica with no slot left still "
+                "competes (priced by its queue) for a request it holds at least half of, while it has KV room and a "
+                "free sequence slot")
 register_system("geoprefix-uncapped", "per-region", {"name": "geoprefix", "w_shared_max_inflight": None},
                 "GeoPrefix whose shared-prefill term counts every request in flight (its default before the cap)")
 

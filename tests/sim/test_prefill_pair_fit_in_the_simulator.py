@@ -21,9 +21,10 @@ pytestmark = pytest.mark.timeout(120)
 @pytest.mark.parametrize("profile", ["llama3.1-8b-h100", "llama3.1-8b-l4", "mistral-7b-a100"])
 def test_geoprefix_learns_the_per_pair_prefill_attention_from_engine_reports_under_queueing(profile):
     step = get_profile(profile).step
-    # SkyLB's strict SP-P, so that requests queue at the LB and TTFT is mostly queueing
-    dep = deployment_for({"name": "geoprefix", "tp_floor": "none", "availability": {"pending_allowance": 0,
-                                                                                   "max_burst": 32}},
+    # SkyLB's strict SP-P (one slot per request, no holder pass), so that requests queue at the LB and TTFT is
+    # mostly queueing
+    dep = deployment_for({"name": "geoprefix", "tp_floor": "none", "holder_pass_share": None,
+                          "availability": {"pending_allowance": 0, "max_burst": 32, "slots_by_uncached_share": False}},
                          {"us": 2}, profile=profile)
     sim = Simulator(build_workload({"name": "shared-context", "kw": {"clients": {"us": 120}, "seed": 0}}), dep,
                     SimConfig(duration_s=60.0, seed=0))

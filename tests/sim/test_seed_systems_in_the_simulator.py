@@ -96,8 +96,9 @@ def test_gorgo_proxy_pays_the_central_lb_hops():
     assert pol.rtt("us-west-0", req) == pytest.approx(0.281)
 
 
-#: SkyLB's strict SP-P (nothing waiting, 32 per report): requests queue at the LB, so TTFT is mostly queueing
-STRICT_SPP = {"pending_allowance": 0, "max_burst": 32}
+#: SkyLB's strict SP-P (nothing waiting, 32 per report, one slot per request; with ``holder_pass_share=None``, no
+#: holder pass): requests queue at the LB, so TTFT is mostly queueing
+STRICT_SPP = {"pending_allowance": 0, "max_burst": 32, "slots_by_uncached_share": False}
 
 
 def _cost_router(system, network, replicas):
@@ -212,7 +213,7 @@ def test_tp_fit_on_engine_steps_holds_under_heavy_queueing_where_the_ttft_fit_do
     got = {}
     for source in ("engine_steps", "ttft"):
         dep = deployment_for({"name": "geoprefix", "ttft": {"source": source}, "tp_floor": "none",
-                              "availability": STRICT_SPP}, {"us": 2}, profile=profile)
+                              "holder_pass_share": None, "availability": STRICT_SPP}, {"us": 2}, profile=profile)
         sim = Simulator(build_workload({"name": "tot", "kw": {"clients": {"us": 120}, "seed": 0}}), dep,
                         SimConfig(duration_s=60.0, seed=0))
         res = sim.run()

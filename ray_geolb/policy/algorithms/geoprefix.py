@@ -44,10 +44,13 @@ replicas,
 The measurements behind each term (pooled ``t_p``, ``w_shared``, the floor, ``min_match_chars``,
 the slot wait) are in ``benchmarks/RESULTS.md`` section 8.
 
-**The holder pass** (``holder_pass_share``, opt-in, off by default): while some replica has a slot, a replica
-with none left still competes, priced by its queue, for a request whose prompt it holds at least that share of
-(``CostPolicy.choose``); with SP-P's slots spent by each prompt's uncached share it is the simulator's
-``geoprefix-hit-pass`` (benchmarks/RESULTS.md section 45).
+**SP-P as GeoPrefix runs it** (benchmarks/RESULTS.md sections 16, 44 and 45): a report with up to 8 requests
+waiting still grants its slots less those; a request spends the share of its prompt the replica does not hold of a
+slot, at least a quarter (``slots_by_uncached_share``); and **the holder pass** (``holder_pass_share`` = 0.5):
+while some replica has a slot, a replica with none left still competes, priced by its queue, for a request whose
+prompt it holds at least half of, if it has KV room and a free sequence slot (``CostPolicy.choose``). At a peak
+the replica holding many conversations keeps taking their turns instead of sending them to replicas that prefill
+them in full. ``geoprefix-one-slot`` in the simulator is GeoPrefix without either.
 
 The minimum wins; ties go to the fewest outstanding requests. Every request trades its match
 against each replica's load in the same units (seconds) — there is no fleet-wide "balance mode"
@@ -83,6 +86,8 @@ class GeoPrefix(CostPolicy):
     #: next report) held requests at the router while KV-bound engines could have started them, and near
     #: its capacity the deployment collapsed into refusals
     default_pending_allowance = 8
+    #: SP-P's slots spent by each prompt's uncached share (section 44), with the holder pass below (section 45)
+    default_slots_by_uncached_share = True
 
     class Config(CostConfig):
         name: Literal["geoprefix"] = "geoprefix"
@@ -104,6 +109,12 @@ class GeoPrefix(CostPolicy):
         infer_replies: bool = Field(
             True, description="a replica this router sent a chat's previous turn to is credited with that turn's "
                               "reply too (matching.through_reply): what a sibling router's reply, not heard yet, says")
+        holder_pass_share: Optional[float] = Field(
+            0.5, gt=0.0, le=1.0,
+            description="while some replica has a slot, a replica with none left still competes (priced by its "
+                        "queue) for a request whose prompt it holds at least this share of, if it has KV room and a "
+                        "free sequence slot (None: off; off under the region gate unless set, benchmarks/RESULTS.md "
+                        "section 45)")
         price_cached_context: bool = Field(
             True, description="residual prefill priced t_p·R + q·R·(c + R/2) with q (per prefill-attention pair) "
                               "learned from the engines' prefill_pairs; False: the linear t_p·R of before")
