@@ -266,7 +266,7 @@ class ReplicaStats:
 class _Target:
     __slots__ = ("inflight", "stats", "unseen", "unseen_tokens", "completed_seen", "credits", "kv_budget",
                  "tokens_inflight", "figures", "figures_since", "idle_since", "distrusted", "free", "unseen_prefill",
-                 "work_mark", "prefill_budget", "quota", "unseen_slots", "seq_room")
+                 "work_mark", "prefill_budget", "quota", "unseen_slots", "seq_room", "seq_free")
 
     def __init__(self):
         self.figures: Optional[tuple] = None  # (waiting, running, kv usage) of the last report
@@ -279,7 +279,8 @@ class _Target:
         self.unseen_tokens = 0  # their prompt tokens
         self.unseen_prefill = 0  # their uncached prompt tokens (the prefill the last report cannot show)
         self.unseen_slots = 0.0  # the slots they spent (``slots_by_uncached_share``; else not kept)
-        self.seq_room: Optional[int] = None  # the engine's free sequence slots at the report (None: not reported)
+        self.seq_free: Optional[int] = None  # the engine's free sequence slots at the report (None: not reported)
+        self.seq_room: Optional[int] = None  # seq_free where the report granted slots, else None
         self.work_mark: Optional[float] = None  # the previous report's time (the cap's report interval)
         self.prefill_budget: Optional[float] = None  # the unreported-work cap in tokens (None: not known yet)
         self.completed_seen = 0  # completed since the report, and counted by it
@@ -429,8 +430,9 @@ class LoadTracker:
             self._measure_prefill_budget(target, st, stats)
         st.completed_seen = 0
         st.credits, st.kv_budget = self._headroom(stats)
-        st.seq_room = (None if stats.max_num_seqs is None or st.credits <= 0
+        st.seq_free = (None if stats.max_num_seqs is None
                        else max(0, stats.max_num_seqs - stats.num_running - stats.num_waiting))
+        st.seq_room = None if st.credits <= 0 else st.seq_free
         if self.share[1] > 1:
             st.credits, st.kv_budget = self._shared(target, st.credits, st.kv_budget, stats.timestamp)
             st.quota = None if stats.max_num_seqs is None else self._quota(target, stats.max_num_seqs)
@@ -452,7 +454,7 @@ class LoadTracker:
         if (st.distrusted or st.inflight or now - st.figures_since < bound or now - st.idle_since < bound):
             return False
         st.distrusted = True
-        st.credits, st.kv_budget, st.seq_room = self.unknown_headroom, None, None
+        st.credits, st.kv_budget, st.seq_room, st.seq_free = self.unknown_headroom, None, None, None
         st.completed_seen = 0
         self.distrusted_reports += 1
         return True
@@ -727,10 +729,7 @@ class LoadTracker:
         if not self.has_room(target):
             return False
         st = self._t[target]
-        s = st.stats
-        if s is None or s.max_num_seqs is None:
-            return True
-        return s.max_num_seqs - s.num_running - s.num_waiting + st.completed_seen - st.unseen > 0
+        return st.seq_free is None or st.seq_free + st.completed_seen - st.unseen > 0
 
     def outstanding(self, target: Hashable) -> int:
         return self._out.get(target, 0)
