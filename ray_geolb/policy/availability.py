@@ -43,9 +43,8 @@ Modes:
   intervals of prefill at its rate (``prefill_rate``, set by the owning policy), so a burst is not granted
   to a replica mid-step.
   **Slots by uncached share** (``slots_by_uncached_share``; GeoPrefix's default, off for the others): a request
-  spends the share of
-  its prompt the target does not hold (as the policy priced its match there; all of it when unknown) of a
-  slot, at least ``MIN_SLOT``; the target still takes no more requests than its report's free sequence slots
+  spends the share of its prompt the target does not hold (as the policy priced its match there; all of it
+  when unknown) of a slot, at least ``MIN_SLOT``; the target still takes no more requests than its report's free sequence slots
   (a report without the engine's size: one slot per request). One slot per request caps how many requests a
   replica takes per report whatever they cost it: at a peak, a replica that holds many conversations runs
   out of slots while its engine has nothing waiting, and its cache hits are sent to replicas that must
