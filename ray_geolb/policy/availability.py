@@ -43,16 +43,16 @@ Modes:
   intervals of prefill at its rate (``prefill_rate``, set by the owning policy), so a burst is not granted
   to a replica mid-step.
   **Slots by uncached share** (``slots_by_uncached_share``; GeoPrefix's default, off for the others): a request
-  spends the share of its prompt the target does not hold (as the policy priced its match there; all of it
-  when unknown) of a slot, at least ``MIN_SLOT``; the target still takes no more requests than its report's free sequence slots
-  (a report without the engine's size: one slot per request). One slot per request caps how many requests a
-  replica takes per report whatever they cost it: at a peak, a replica that holds many conversations runs
-  out of slots while its engine has nothing waiting, and its cache hits are sent to replicas that must
-  prefill them in full, which costs the fleet the prefill and makes the next turns miss too (RESULTS.md
-  section 44). A new prompt, however short, still spends a whole slot: what the count also spreads is decode
-  work, and spending slots by prefill tokens alone piled a burst of short new prompts onto one replica.
-  A replica without a slot may still take a prompt it holds through a cost policy's holder pass
-  (``CostConfig.holder_pass_share``), which asks :meth:`LoadTracker.has_sequence_room` (RESULTS.md section 45).
+  spends the share of its prompt the target does not hold (as the policy priced its match there; all of it when
+  unknown) of a slot, at least ``MIN_SLOT``; the target still takes no more requests than its report's free
+  sequence slots (a report without the engine's size: one slot per request). One slot per request caps how many
+  requests a replica takes per report whatever they cost it: at a peak, a replica that holds many conversations
+  runs out of slots while its engine has nothing waiting, and its cache hits are sent to replicas that must
+  prefill them in full, which costs the fleet the prefill and makes the next turns miss too (RESULTS.md section
+  44). A new prompt, however short, still spends a whole slot: what the count also spreads is decode work, and
+  spending slots by prefill tokens alone piled a burst of short new prompts onto one replica. A replica without a
+  slot may still take a prompt it holds through a cost policy's holder pass (``CostConfig.holder_pass_share``),
+  which asks :meth:`LoadTracker.has_sequence_room` (RESULTS.md section 45).
 
   **The gate** (``gate``; the policy applies it, ``Policy.choose``): SkyLB's ``"replica"`` sends a request
   only to a replica with a slot left. ``"region"`` makes the slots say *whether* to send and the policy's
