@@ -191,14 +191,15 @@ class CostPolicy(RttHook, PrefixPolicy):
             return self._floor(self.ttft.t_p(target), self.ttft.pair_coef(target))
         return self._floor(self.ttft.t_p(target))
 
-    def costs(self, req, eligible, now: float) -> Dict[Hashable, float]:
+    def costs(self, req, eligible, now: float, hits: Optional[Dict[Hashable, float]] = None) -> Dict[Hashable, float]:
         """Estimated cost per candidate. Up to ``exact_upto`` eligible replicas every one is priced;
         beyond that (a large fleet behind one LB), the replicas with a prefix match plus the
         ``sample_unmatched`` least-loaded others -- an unmatched replica's cost only grows with its
         load, so the cheapest unmatched one is almost always among the least loaded (exact when the
         RTT term is the same for all)."""
         cfg = self.config
-        hits = self._hits(req, eligible, now)
+        if hits is None:  # else the caller matched already (the holder pass: one match over more targets)
+            hits = self._hits(req, eligible, now)
         cands = eligible
         outstanding = self.tracker.outstanding
         if len(eligible) > cfg.exact_upto:
@@ -278,24 +279,28 @@ class CostPolicy(RttHook, PrefixPolicy):
         eligible = self.eligible(candidates)
         if not eligible:
             return None  # held at the router, as without the pass: the pass adds holders, it never starts a send
-        pool = self._with_holders(req, eligible, self._targets if candidates is None else candidates, share, now)
-        return self._pick(req, pool, now)
+        targets = self._targets if candidates is None else candidates
+        if len(eligible) == len(targets):
+            return self._pick(req, eligible, now)
+        pool, hits = self._with_holders(req, eligible, targets, share, now)
+        return self._pick(req, pool, now, hits)
 
     def _with_holders(self, req, eligible, targets, share: float, now: float):
-        """``eligible`` plus the replicas without a slot that hold at least ``share`` of ``req``'s prompt and
-        still have room for it (``LoadTracker.has_sequence_room``), in target order."""
-        if len(eligible) == len(targets):
-            return eligible
+        """``(pool, hits)``: ``eligible`` plus the replicas without a slot that hold at least ``share`` of
+        ``req``'s prompt and still have room for it (``LoadTracker.has_sequence_room``), in target order, and
+        the pool's matches. One match over ``targets`` serves both: a target's match does not depend on which
+        others are matched with it."""
+        hits = self._hits(req, targets, now)
         el = set(eligible)
-        others = [t for t in targets if t not in el]
-        hits = self._hits(req, others, now)
         need = share * req.prompt_tokens
         room = self.tracker.has_sequence_room
-        holders = [t for t, h in hits.items() if h >= need and room(t)]
-        return self.in_target_order(eligible + holders) if holders else eligible
+        holders = [t for t, h in hits.items() if t not in el and h >= need and room(t)]
+        pool = self.in_target_order(eligible + holders) if holders else eligible
+        keep = el.union(holders)
+        return pool, {t: h for t, h in hits.items() if t in keep}
 
-    def _pick(self, req, eligible, now):
-        costs = self.costs(req, eligible, now)
+    def _pick(self, req, eligible, now, hits: Optional[Dict[Hashable, float]] = None):
+        costs = self.costs(req, eligible, now, hits)
         t = self._argmin(costs)
         hits = req.pricing_by(self)[0]
         matched = int(round(hits.get(t, 0.0) * self.config.chars_per_token)) if t in hits else 0

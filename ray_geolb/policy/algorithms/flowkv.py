@@ -144,7 +144,7 @@ class FlowKV(CostPolicy):
         return scores
 
     # ------------------------------------------------------------ routing
-    def _pick(self, req, eligible, now):
+    def _pick(self, req, eligible, now, hits=None):
         scores = self.update_state(now)
         cfg = self.config
         if self.state == "extreme":
@@ -156,7 +156,7 @@ class FlowKV(CostPolicy):
             if not idle:
                 return Decision(self._argmin({t: scores[t] for t in eligible}), 0, "imbalanced_least_score")
             cands, reason = idle, "imbalanced_idle_ttft"
-        d = super()._pick(req, cands, now)
+        d = super()._pick(req, cands, now, hits)
         d.reason = reason
         return d
 
