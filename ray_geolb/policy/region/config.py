@@ -7,7 +7,8 @@ region's load balancer is *deployed* (one object for the Serve ingress and the s
   residual prefill's cost to the requests in flight (``w_shared``) and the wait for a local slot
   (``stay_slot_wait``); its own forwards priced instead of capped (``forwards_cap_peers=False``) and
   layer 1 by expected TTFT also before saturation (``forward_before_saturation``, 1 s margin), and
-  the peers' hash-only prefix summaries priced as their matches (``peer_summary``).
+  the peers' hash-only prefix summaries priced as their matches (``peer_summary``), and the in-flight
+  term's residual at least a mean-sized prompt's (``shared_size="at_least_mean"``).
   What each term means: ``region/cost_selector.py``.
 """
 
@@ -60,11 +61,15 @@ class CostSelectorConfig(_Strict):
     forward_hysteresis: float = Field(0.5, ge=0.0, le=1.0, allow_inf_nan=False,
                                       description="while forwarding to a peer before saturation, keep doing so "
                                                   "while the saving exceeds this fraction of forward_margin_s")
-    shared_length_neutral: bool = Field(
-        False, description="scale the in-flight term (w_shared) on every side by min(1, mean prompt / this prompt), "
-                           "so a forward compares the regions' loads per mean-sized request: the unscaled term grows "
-                           "with the prompt, and forwarding picked the longest prompts, whose own TTFT the RTT then "
-                           "pushed past the tail (benchmarks/RESULTS.md section 43b: measured, not adopted)")
+    shared_size: Literal["prompt", "at_most_mean", "at_least_mean", "mean"] = Field(
+        "prompt", description="the prompt size the in-flight term (w_shared) prices each side's residual at, the same "
+                              "scale on every side of one comparison: 'prompt' its own; 'at_most_mean' a prompt past "
+                              "the mean as a mean-sized one (min(1, mean / L): measured in benchmarks/RESULTS.md "
+                              "section 43b, not adopted); 'at_least_mean' a prompt under the mean as a mean-sized one "
+                              "(max(1, mean / L): section 46); 'mean' every prompt as a mean-sized one (mean / L: "
+                              "section 46). The unscaled term grows with the prompt, so a busy region forwards its "
+                              "longest prompts only and keeps every short one: its engines then ran twice the "
+                              "others' decodes (section 46)")
     peer_summary: bool = Field(
         False, description="publish this region's prefix summary (region/prefix_summary.py: a Bloom filter over its "
                            "prefix index's recent block keys) with each heartbeat, and price a forward's residual "
@@ -115,7 +120,7 @@ GORGO_COST = CostSelectorConfig(remote_queue=False)
 GEOPREFIX_COST = CostSelectorConfig(remote_queue=True, min_match_chars=256, match_half_life_s=600.0,
                                     staleness_scale_s=2.0, w_shared=1.0, stay_slot_wait=True,
                                     forwards_cap_peers=False, forward_before_saturation=True, forward_margin_s=1.0,
-                                    peer_summary=True, home_key_chars=8000)
+                                    peer_summary=True, home_key_chars=8000, shared_size="at_least_mean")
 
 
 class RegionLayerSettings(_Strict):

@@ -155,12 +155,18 @@ class CostSelector(PeerSelector):
         return c + cfg.q_hat * w if w else c
 
     def shared_scale(self, router, req) -> float:
-        """The in-flight term's scale for ``req`` (``shared_length_neutral``): ``min(1, mean prompt / prompt)``,
-        the same on every side of one comparison; 1 when off."""
-        if not self.config.shared_length_neutral:
+        """The in-flight term's scale for ``req`` (``shared_size``), the same on every side of one comparison:
+        ``mean prompt / prompt`` bounded by 1 from above ('at_most_mean'), from below ('at_least_mean') or not
+        at all ('mean'); 1 for 'prompt'."""
+        size = self.config.shared_size
+        if size == "prompt":
             return 1.0
-        mean = self._mean_prompt(router, req)
-        return mean / req.prompt_tokens if req.prompt_tokens > mean else 1.0
+        r = self._mean_prompt(router, req) / max(1, req.prompt_tokens)
+        if size == "at_most_mean":
+            return r if r < 1.0 else 1.0
+        if size == "at_least_mean":
+            return r if r > 1.0 else 1.0
+        return r
 
     def slot_wait_s(self, router, now: float) -> float:
         """Expected wait for a local engine slot of a request with ``router.queue_len`` requests ahead of

@@ -125,16 +125,23 @@ def test_peer_recompute_is_priced_for_the_requests_in_flight_there(w_shared, exp
     assert GORGO_COST.w_shared == 0.0  # GORGO's selector is unchanged
 
 
+def four_in_flight_here(size: str, peer_inflight: int):
+    """A full region (no local replica available) running 4 requests of 200 tokens (2 per replica; the mean prompt),
+    with one peer 'ca' 20 ms away reporting ``peer_inflight`` over its 2 replicas; its in-flight term at ``size``."""
+    cost = GEOPREFIX_COST.model_copy(update={"shared_size": size, "home_key_chars": None})
+    r = region(remote="cost", cost=cost, snapshot=FIXED)
+    fill(r)
+    for i in range(4):
+        r.on_dispatch(rq(f"l{i}", f"{i}" * 800), "us-0", 0.5)
+    assert r.local.mean_prompt_tokens == pytest.approx(200)
+    r.update_peer(PeerState("ca", 2, 0, 1.0, rtt_s=0.02, extra={"replicas": 2, "inflight": peer_inflight}))
+    return r
+
+
 @pytest.mark.parametrize("chars", [4000, 1600, 8000])
 def test_length_neutral_in_flight_term_prices_a_prompt_past_the_mean_as_a_mean_one(chars):
-    cost = GEOPREFIX_COST.model_copy(update={"shared_length_neutral": True, "home_key_chars": None})
-    r = region(remote="cost", cost=cost, snapshot=FIXED)
-    fill(r)  # no local replica available
-    for i in range(4):  # 4 requests in flight here, 2 per replica
-        r.on_dispatch(rq(f"l{i}", f"{i}" * 800), "us-0", 0.5)
-    mean = r.local.mean_prompt_tokens  # 200 tokens: the four dispatches above
-    assert mean == pytest.approx(200)
-    r.update_peer(PeerState("ca", 2, 0, 1.0, rtt_s=0.02, extra={"replicas": 2, "inflight": 60}))  # 30 per replica
+    r = four_in_flight_here("at_most_mean", 60)  # 30 per replica at the peer
+    mean = r.local.mean_prompt_tokens
     req = rq(1, "q" * chars)  # cached nowhere
     L = chars / 4
     r.decide(req, 1.1)
@@ -146,8 +153,50 @@ def test_length_neutral_in_flight_term_prices_a_prompt_past_the_mean_as_a_mean_o
     short = rq(2, "s" * 400)  # 100 tokens, under the mean: unscaled
     r.decide(short, 1.1)
     assert r.selector.last_costs["ca"] == pytest.approx(0.02 + TP * 100 * (1 + 30))
-    off = region(remote="cost", cost=cost.model_copy(update={"shared_length_neutral": False}), snapshot=FIXED)
+    off = four_in_flight_here("prompt", 60)
     assert off.selector.shared_scale(off, req) == 1.0
+
+
+@pytest.mark.parametrize("chars", [4000, 400, 8000])
+def test_mean_sized_in_flight_term_prices_every_prompt_as_a_mean_one_times_its_uncached_share(chars):
+    r = four_in_flight_here("mean", 60)  # 30 per replica at the peer
+    mean = r.local.mean_prompt_tokens
+    req = rq(1, "q" * chars)  # cached nowhere: its uncached share is 1 on every side
+    L = chars / 4
+    r.decide(req, 1.1)
+    c = r.selector.last_costs
+    # short and long prompts alike: the in-flight term is a mean-sized prompt's, whatever this one's length
+    assert c["ca"] == pytest.approx(0.02 + TP * L + TP * mean * 30)
+    wait = TP * r.selector.local_queue_tokens(r, req) / 2 + r.selector.last_slot_wait_s  # not scaled
+    assert c[None] == pytest.approx(TP * L + wait + TP * mean * 4 / 2)
+
+
+def test_mean_sized_in_flight_term_keeps_a_cached_prompts_share_where_it_is_cached():
+    r = four_in_flight_here("mean", 4)  # 2 per replica at the peer
+    text = "h" * 4000
+    r.on_dispatch(rq("held", text), "us-0", 0.6)  # this region holds the whole prompt
+    req = rq(1, text)
+    r.decide(req, 1.1)
+    c = r.selector.last_costs
+    mean = r.local.mean_prompt_tokens
+    # the peer prices the whole prompt's share of the term; staying, where it is cached, next to none of it
+    assert c["ca"] == pytest.approx(0.02 + TP * 1000 + TP * mean * 2)
+    assert c[None] < c["ca"]
+
+
+@pytest.mark.parametrize("chars", [400, 4000, 8000])
+def test_at_least_mean_in_flight_term_prices_a_short_prompt_as_a_mean_one_and_a_long_one_as_itself(chars):
+    r = four_in_flight_here("at_least_mean", 60)  # 30 per replica at the peer
+    mean = r.local.mean_prompt_tokens
+    req = rq(1, "q" * chars)  # 100, 1,000 or 2,000 tokens, cached nowhere
+    L = chars / 4
+    r.decide(req, 1.1)
+    assert r.selector.last_costs["ca"] == pytest.approx(0.02 + TP * L + TP * max(L, mean) * 30)
+
+
+def test_an_unknown_in_flight_size_is_refused_by_name():
+    with pytest.raises(ValueError, match="shared_size"):
+        CostSelectorConfig(shared_size="median")
 
 
 def test_stay_cost_leaves_the_in_flight_term_out_when_peers_do_not_report_it():
