@@ -70,11 +70,15 @@ the issue-5 systems, each with its paper's intended deployment:
   send, the cost decides where among the replicas with KV room; section 41), ``geoprefix-uncapped`` with the
   shared-prefill term counting every request in flight (GeoPrefix's default before ``w_shared_max_inflight=32``;
   section 42), ``geoprefix-ln`` / ``geoprefix-gate-ln`` with the region layer's length-neutral in-flight term
-  (``CostSelectorConfig.shared_length_neutral``; section 43b) and ``geoprefix-home-local`` with the home rule's
+  (``CostSelectorConfig.shared_size="at_most_mean"``; section 43b) and ``geoprefix-home-local`` with the home rule's
   check of this region's knowledge only (``home_needs_common_preamble=False``, the default before section 43a);
   ``geoprefix-one-slot`` with one SP-P slot per request and no holder pass (the default before section 45),
   ``geoprefix-hit-slots`` without the holder pass only, and ``geoprefix-hit-pass`` with GeoPrefix's defaults
-  spelt out (sections 44-45);
+  spelt out (sections 44-45); ``geoprefix-mean`` / ``geoprefix-mean-w2`` with the region layer's in-flight term
+  priced per mean-sized request (``CostSelectorConfig.shared_size="mean"``; ``w_shared`` 1 and 2; section 46),
+  ``geoprefix-floor`` with a prompt under the mean priced as a mean-sized one (``shared_size="at_least_mean"``,
+  GeoPrefix's default since section 46, spelt out) and ``geoprefix-prompt-sized`` with every prompt at its own
+  size (``shared_size="prompt"``, the default before);
 * ``vllm-default`` / ``jsq-load`` / ``br0`` — BalanceRoute's DP routers. A DP router is one
   front-end process in front of all data-parallel ranks (vLLM's DP coordinator / BalanceRoute's
   proxy), so they run as ONE central LB over every replica, like SkyLB's single-LB baselines (a
@@ -403,13 +407,29 @@ def _geoprefix_cost(**over) -> Dict[str, Any]:
 register_system("geoprefix-gate-ln", "per-region", {"name": "geoprefix", "availability": {"gate": "region"}},
                 "GeoPrefix with the region gate and a length-neutral region layer (in-flight term scaled by "
                 "min(1, mean prompt / prompt))",
-                two_layer={"cost": _geoprefix_cost(shared_length_neutral=True)})
-register_system("geoprefix-ln", "per-region", "geoprefix",
-                "GeoPrefix with a length-neutral region layer (in-flight term scaled by min(1, mean prompt / prompt))",
-                two_layer={"cost": _geoprefix_cost(shared_length_neutral=True)})
-register_system("geoprefix-home-local", "per-region", "geoprefix",
-                "GeoPrefix whose home rule checks only its own region's knowledge of a prompt (before section 43)",
-                two_layer={"cost": _geoprefix_cost(home_needs_common_preamble=False)})
+                two_layer={"cost": _geoprefix_cost(shared_size="at_most_mean")})
+#: GeoPrefix with its region layer's cost selector changed: name -> (GEOPREFIX_COST fields changed, description)
+_REGION_COST_VARIANTS = {
+    "geoprefix-ln": ({"shared_size": "at_most_mean"},
+                     "GeoPrefix with a length-neutral region layer (in-flight term scaled by min(1, mean prompt / "
+                     "prompt))"),
+    "geoprefix-mean": ({"shared_size": "mean"},
+                       "GeoPrefix whose region layer prices every request's in-flight term as a mean-sized prompt's "
+                       "times its uncached share (shared_size='mean')"),
+    "geoprefix-mean-w2": ({"shared_size": "mean", "w_shared": 2.0},
+                          "geoprefix-mean with the in-flight term's weight doubled (w_shared 2)"),
+    "geoprefix-floor": ({"shared_size": "at_least_mean"},
+                        "GeoPrefix's default spelt out: its region layer prices a prompt under the mean as a "
+                        "mean-sized one in its in-flight term (shared_size='at_least_mean'; a longer one as itself)"),
+    "geoprefix-prompt-sized": ({"shared_size": "prompt"},
+                               "GeoPrefix before section 46: its region layer prices every prompt's in-flight term at "
+                               "the prompt's own size (shared_size='prompt')"),
+    "geoprefix-home-local": ({"home_needs_common_preamble": False},
+                             "GeoPrefix whose home rule checks only its own region's knowledge of a prompt (before "
+                             "section 43)"),
+}
+for _name, (_over, _what) in _REGION_COST_VARIANTS.items():
+    register_system(_name, "per-region", "geoprefix", _what, two_layer={"cost": _geoprefix_cost(**_over)})
 register_system("vllm-default", "central", "vllm_default", "one LB (DP front-end), vLLM's DP load balancer score")
 register_system("jsq-load", "central", "jsq_load", "one LB (DP front-end), BalanceRoute JSQ by KV load")
 register_system("br0", "central", "br0", "one LB (DP front-end), BalanceRoute BR-0 marginal KV overflow")
