@@ -58,11 +58,13 @@ switch that flips all requests to load balancing at once (vllm-project/router #2
 
 Remote layer: ``TwoLayerConfig(remote="cost", cost=GEOPREFIX_COST)`` — the peer's LB queue,
 queued tokens and replica count from its heartbeat, forwards sent since the heartbeat, staleness
-inflation, RTT EWMA and the snapshot match, and, in the cost of staying when no local replica is
-available, the wait for a local engine slot (``stay_slot_wait``: ``q̂·(ahead+1)/drain_rate``, the
-measured local completion rate; the simulator and the Serve ingress feed it alike through
-``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.region.cost_selector`). Data residency:
-``TwoLayerConfig.tenant_regions`` and ``RouteRequest.allowed_regions`` bound every forward.
+inflation, RTT EWMA and the snapshot match, the requests in flight per replica on each side (their
+term prices a prompt under the mean as a mean-sized one, ``shared_size="at_least_mean"``, so a busy
+region forwards short prompts too: ``benchmarks/RESULTS.md`` section 46), and, in the cost of staying
+when no local replica is available, the wait for a local engine slot (``stay_slot_wait``:
+``q̂·(ahead+1)/drain_rate``, the measured local completion rate; the simulator and the Serve ingress feed it
+alike through ``RegionRouter.on_local_complete``) (see :mod:`~ray_geolb.policy.region.cost_selector`). Data
+residency: ``TwoLayerConfig.tenant_regions`` and ``RouteRequest.allowed_regions`` bound every forward.
 """
 
 from __future__ import annotations
