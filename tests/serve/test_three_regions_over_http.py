@@ -413,8 +413,12 @@ def test_peer_extras_reach_the_cost_selector(geo):
                 warm = await c.post(f"{geo}/{r}/v1/chat/completions", json=chat(f"warm {r}", n=1),
                                     headers={"x-allowed-regions": r})
                 assert warm.status_code == 200, warm.text
-            eu_long = asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions", json=chat("eu batch " * 300, n=600),
+            # eu's long request must still run when the probe is decided (~15 s of decode at ~10 ms a
+            # token: the waits below take a few seconds, more on a loaded machine)
+            eu_long = asyncio.ensure_future(c.post(f"{geo}/eu/v1/chat/completions",
+                                                   json=chat("eu batch " * 300, n=1500),
                                                    headers={"x-allowed-regions": "eu"}))
+            t0 = time.time()
             deadline = time.time() + 20
             while True:  # eu's in-flight request reaches us through the registry
                 st = await state("us")
@@ -444,12 +448,13 @@ def test_peer_extras_reach_the_cost_selector(geo):
                     break
                 assert time.time() < deadline, (st["local_available"], st["available_peers"], st["peers"])
                 await asyncio.sleep(0.05)
+            setup_s = time.time() - t0
             probe = await c.post(f"{geo}/us/v1/chat/completions", json=chat("where should I go " * 250, n=4))
             after = await state("us")
             rest = await asyncio.gather(eu_long, *us_long)
-        return seen, probe, after, rest, summary
+        return seen, probe, after, rest, summary, setup_s
 
-    seen, probe, after, rest, summary = asyncio.run(run())
+    seen, probe, after, rest, summary, setup_s = asyncio.run(run())
     # the summary: a Bloom filter of block keys (no text), a few hundred bytes, stated false-positive rate
     assert summary["keys"] >= 10 and 0 < summary["bytes"] < 4096 and summary["false_positive_rate"] < 0.01, summary
     assert all(r.status_code == 200 for r in rest)
@@ -460,8 +465,12 @@ def test_peer_extras_reach_the_cost_selector(geo):
     assert seen["eu"]["extra"]["inflight"] >= 1 and seen["asia"]["extra"]["inflight"] == 0, seen
     assert probe.status_code == 200, probe.text
     g = geoh(probe)
-    costs = after["last_costs_s"]
-    assert (g["route"], g["region"]) == ("forwarded", "asia"), (g, costs, after["peers"])
+    costs, inflight = after["last_costs_s"], after["last_cost_inflight"]
+    # what the comparison priced: eu's running request, and nothing at asia
+    assert inflight.get("eu", 0) >= 1 and inflight.get("asia") == 0, (
+        "the probe was priced against other in-flight counts than the scenario's", inflight, costs,
+        f"setup {setup_s:.1f} s", after["decisions"], after["counters"])
+    assert (g["route"], g["region"]) == ("forwarded", "asia"), (g, costs, inflight, after["peers"])
     assert "eu" in costs, ("eu was not priced: not an available peer when the probe was decided", costs,
                            after["available_peers"], after["peers"])
     assert costs["asia"] < costs["eu"] and costs["asia"] < costs["stay"], costs

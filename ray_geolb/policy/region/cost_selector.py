@@ -44,6 +44,7 @@ class CostSelector(PeerSelector):
         self.drain = DrainRate(self.config.drain_window_s, self.config.drain_min_samples)
         self.last_costs: Dict[Optional[str], float] = {}
         self.last_rtts: Dict[str, float] = {}  # the RTTs the last peer comparison used
+        self.last_inflight: Dict[str, float] = {}  # the peers' in-flight per replica it priced (w_shared)
         self.last_slot_wait_s = 0.0  # the slot-wait term (before q̂) of the last stay cost
         self.last_own_stay_s = 0.0  # the last stay's own TTFT part: queue ahead per replica + residual prefill
         self._engaged: set = set()  # peers forwarded to before saturation (forward_before_saturation's hysteresis)
@@ -276,6 +277,7 @@ class CostSelector(PeerSelector):
                 hits[home] = float(req.prompt_tokens)
         costs = {}
         rtts = self.last_rtts = {}
+        inflight = self.last_inflight = {}
         scale = self.shared_scale(router, req) if cfg.w_shared else 1.0
         for r in peers:
             tp = self.peer_t_p(router, r)
@@ -285,7 +287,8 @@ class CostSelector(PeerSelector):
             if cfg.remote_queue:
                 c += cfg.q_hat * self.remote_wait(router, req, r, now)
             if cfg.w_shared:
-                c += cfg.w_shared * residual * scale * self.peer_inflight(router, r)
+                n = inflight[r] = self.peer_inflight(router, r)
+                c += cfg.w_shared * residual * scale * n
             costs[r] = c
         return costs, raw, hits
 

@@ -172,6 +172,8 @@ class IngressTelemetry:
             "heartbeat_extra": self.heartbeat_extra(),
             "last_costs_s": costs,  # the 'cost' selector's last comparison (stay = hold here)
             "last_cost_rtts_ms": None if used_rtt is None else {p: round(v * 1000, 2) for p, v in used_rtt.items()},
+            # the peers' in-flight requests per replica that comparison priced (the in-flight term)
+            "last_cost_inflight": dict(getattr(sel, "last_inflight", None) or {}),
             "last_slot_wait_s": getattr(sel, "last_slot_wait_s", None),  # the stay cost's slot wait (before q̂)
             "snapshot_nodes": router.snapshot.num_nodes,
             "snapshot_loaded_from_registry": self.peers.snapshot_loaded,

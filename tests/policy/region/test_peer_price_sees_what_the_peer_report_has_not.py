@@ -35,6 +35,9 @@ def test_forwards_that_had_not_reached_the_peer_when_it_measured_still_count():
     r.update_peer(PeerState("au", 2, 0, 1.12, extra={"queued_tokens": 0, "replicas": 2, "inflight": 4}))
     assert r.selector.remote_wait(r, req, "au", 1.12) == 0
     assert r.selector.peer_inflight(r, "au") == pytest.approx(4 / 2)
+    # the comparison keeps the in-flight count it priced (the state endpoint's last_cost_inflight)
+    r.selector.peer_costs(r, req, ["au"], 1.12)
+    assert r.selector.last_inflight == {"au": pytest.approx(4 / 2)}
 
 
 def test_the_heartbeat_reports_the_engines_backlog_with_the_lb_queue():
